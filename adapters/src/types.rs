@@ -1,0 +1,148 @@
+//! Shared vocabulary: who a member is, what a set of ratios is, and where secrets come from.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A model server as the load balancer knows it: `host:port` (IPv6 hosts in brackets, `[2001:db8::1]:8000`).
+///
+/// Kept as the string users write so that config, logs, metrics labels and LB lookups all agree.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct MemberId(pub String);
+
+impl MemberId {
+    pub fn new(s: impl Into<String>) -> Self {
+        MemberId(s.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Host and port, when the id has the `host:port` shape. Brackets around IPv6 hosts are removed.
+    pub fn host_port(&self) -> Option<(&str, u16)> {
+        let (host, port) = self.0.rsplit_once(':')?;
+        let port = port.parse().ok()?;
+        let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        if host.is_empty() {
+            return None;
+        }
+        Some((host, port))
+    }
+}
+
+impl fmt::Display for MemberId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for MemberId {
+    fn from(s: &str) -> Self {
+        MemberId(s.to_string())
+    }
+}
+
+/// One integer ratio per member of a pool. Ordered, so output and pushes are deterministic.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Ratios(pub BTreeMap<MemberId, u32>);
+
+impl Ratios {
+    pub fn get(&self, m: &MemberId) -> Option<u32> {
+        self.0.get(m).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&MemberId, u32)> {
+        self.0.iter().map(|(k, v)| (k, *v))
+    }
+
+    /// True when pushing these would leave the pool with no member that can take new traffic.
+    pub fn drains_everything(&self) -> bool {
+        self.0.values().all(|&r| r == 0)
+    }
+}
+
+impl FromIterator<(MemberId, u32)> for Ratios {
+    fn from_iter<I: IntoIterator<Item = (MemberId, u32)>>(iter: I) -> Self {
+        Ratios(iter.into_iter().collect())
+    }
+}
+
+/// Where a secret comes from. File and environment always work, so nothing sensitive has to sit in
+/// the config file; `value` exists for local experiments.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum SecretRef {
+    /// Read from a file at use time (a mounted Kubernetes Secret or service-account token); trailing
+    /// whitespace is trimmed.
+    File(std::path::PathBuf),
+    /// Read from an environment variable.
+    Env(String),
+    /// Inline in the config. Convenient, but ends up in ConfigMaps and shell history.
+    Value(String),
+}
+
+impl fmt::Debug for SecretRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the secret itself, only where it comes from.
+        match self {
+            SecretRef::File(p) => write!(f, "file:{}", p.display()),
+            SecretRef::Env(v) => write!(f, "env:{v}"),
+            SecretRef::Value(_) => f.write_str("value:<redacted>"),
+        }
+    }
+}
+
+impl SecretRef {
+    /// Resolve the secret now. Files are re-read on every call so that rotated tokens are picked up.
+    pub fn resolve(&self) -> Result<String, String> {
+        match self {
+            SecretRef::File(p) => std::fs::read_to_string(p)
+                .map(|s| s.trim_end().to_string())
+                .map_err(|e| format!("cannot read secret file {}: {e}", p.display())),
+            SecretRef::Env(v) => std::env::var(v)
+                .map_err(|_| format!("environment variable {v} is not set (or is not UTF-8)")),
+            SecretRef::Value(s) => Ok(s.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_shapes() {
+        assert_eq!(MemberId::from("10.0.0.1:8000").host_port(), Some(("10.0.0.1", 8000)));
+        assert_eq!(MemberId::from("[2001:db8::1]:80").host_port(), Some(("2001:db8::1", 80)));
+        assert_eq!(MemberId::from("vllm-0.svc:8000").host_port(), Some(("vllm-0.svc", 8000)));
+        assert_eq!(MemberId::from("nohost").host_port(), None);
+        assert_eq!(MemberId::from(":80").host_port(), None);
+        assert_eq!(MemberId::from("h:notaport").host_port(), None);
+    }
+
+    #[test]
+    fn drain_detection() {
+        let r: Ratios = [(MemberId::from("a:1"), 0), (MemberId::from("b:1"), 0)].into_iter().collect();
+        assert!(r.drains_everything());
+        let r: Ratios = [(MemberId::from("a:1"), 0), (MemberId::from("b:1"), 3)].into_iter().collect();
+        assert!(!r.drains_everything());
+    }
+
+    #[test]
+    fn secret_debug_redacts_inline_values() {
+        let s = SecretRef::Value("hunter2".into());
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+}

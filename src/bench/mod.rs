@@ -1,0 +1,1 @@
+//! Virtual-time fleet benchmark (not built yet).
