@@ -1,5 +1,8 @@
 //! Simulated vLLM fleet: a pure engine model and live OpenAI-compatible servers around it.
 
+pub mod engine;
+pub mod profile;
+
 use clap::Args;
 
 /// Arguments of `llm-load-controller sim`.

@@ -1,0 +1,637 @@
+//! The engine model: vLLM v1's continuous-batching scheduler as a pure state machine.
+//!
+//! No I/O, no clock, no randomness: [`Engine::step`] plans one batch, says how long it takes in
+//! seconds and what happened at its end. The live server advances it in (scaled) real time, the
+//! benchmark in virtual time; both get the same answers for the same inputs.
+//!
+//! What it models (vLLM v1 `Scheduler.schedule`, FCFS policy):
+//! - Running requests are scheduled first, oldest first, each getting the tokens it still needs
+//!   (a prefill chunk, or one decode token) within the step's `max_num_batched_tokens` budget:
+//!   chunked prefill.
+//! - KV cache in blocks of 16 tokens with a fixed capacity. A request is admitted from the FIFO
+//!   waiting queue only when the blocks of its whole prompt fit above the watermark, and only while
+//!   fewer than `max_num_seqs` run; the head of the queue blocks the ones behind it (no skipping).
+//! - Decoding takes one more block every 16 tokens. When none is free, the newest running request
+//!   is preempted by recompute: its blocks are freed, it goes back to the *front* of the waiting
+//!   queue, and on re-admission it prefills prompt + the tokens it already produced, then goes on.
+//!   No admission happens in a step that preempted (as vLLM does).
+//! - Step time: `(overhead + prefill_token*prefill_tokens + seq*seqs + kv_token*kv_read) / speed`
+//!   with the coefficients of the [`ModelProfile`] and a per-replica speed factor.
+//!
+//! API, in the order a driver uses it:
+//! - [`Engine::new`]`(&profile, speed)`, [`Engine::set_speed`], [`Engine::set_token_events`]
+//!   (turn per-token [`EngineEvent::Token`] off when only first tokens and completions matter).
+//! - [`Engine::add_request`]`(EngineRequest { id, prompt_tokens, max_tokens, eos_after })`;
+//!   [`Engine::abort`]`(id)` when a client goes away.
+//! - while [`Engine::has_work`]: [`Engine::step`] (allocates the event vector) or
+//!   [`Engine::step_into`] (reuses the caller's vector: no allocation per step in steady state).
+//!   Events take effect at the *end* of the step, `duration_s` after it starts.
+//! - [`Engine::stats`] for gauges and counters (waiting, running, KV usage, preemptions, tokens).
+
+use std::collections::{HashMap, VecDeque};
+
+use super::profile::{ModelProfile, ProfileError, BLOCK_SIZE};
+
+/// One request as the engine sees it: sizes only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineRequest {
+    /// Caller's id, unique among the requests the engine holds.
+    pub id: u64,
+    /// Prompt length in tokens (>= 1).
+    pub prompt_tokens: u32,
+    /// Generation stops after this many tokens (finish reason `length`).
+    pub max_tokens: u32,
+    /// The model "emits EOS" after this many tokens (finish reason `stop`), if before `max_tokens`.
+    /// `None` = never (as with `ignore_eos`).
+    pub eos_after: Option<u32>,
+}
+
+impl EngineRequest {
+    /// A request that generates exactly `max_tokens` tokens.
+    pub fn new(id: u64, prompt_tokens: u32, max_tokens: u32) -> Self {
+        EngineRequest { id, prompt_tokens, max_tokens, eos_after: None }
+    }
+}
+
+/// Why a request finished (vLLM's `finished_reason` label values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FinishReason {
+    /// Reached `max_tokens`.
+    Length,
+    /// The model emitted EOS.
+    Stop,
+    /// Aborted by the caller.
+    Abort,
+}
+
+impl FinishReason {
+    /// The label value vLLM uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            FinishReason::Stop => "stop",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// Something that happened to a request at the end of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineEvent {
+    /// The prefill finished and the first output token exists.
+    FirstToken { id: u64 },
+    /// One more output token (not emitted for the first token, nor when token events are off).
+    Token { id: u64 },
+    /// The request is done and has left the engine; `output_tokens` counts every token produced.
+    Finished { id: u64, output_tokens: u32, reason: FinishReason },
+    /// The request lost its KV blocks and went back to the front of the waiting queue.
+    Preempted { id: u64 },
+}
+
+/// What one step did, besides its events.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepInfo {
+    /// Wall time of the step on this replica, seconds (0 when nothing was scheduled).
+    pub duration_s: f64,
+    /// Sequences in the batch.
+    pub batch_size: u32,
+    /// Prompt (or recompute) tokens computed in this step.
+    pub prefill_tokens: u32,
+    /// Sequences that decoded one token.
+    pub decode_seqs: u32,
+    /// Tokens of KV read by attention.
+    pub kv_tokens_read: u64,
+    /// Requests preempted in this step.
+    pub preempted: u32,
+}
+
+/// One step: how long it took and what happened at its end.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepOutcome {
+    pub duration_s: f64,
+    pub events: Vec<EngineEvent>,
+    pub info: StepInfo,
+}
+
+/// Gauges and counters of an engine, for `/metrics` and for the benchmark.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineStats {
+    pub waiting: u32,
+    pub running: u32,
+    /// Used KV blocks / capacity, 0..=1 (`vllm:kv_cache_usage_perc`).
+    pub kv_usage: f64,
+    pub used_blocks: u32,
+    pub num_gpu_blocks: u32,
+    /// Preemptions so far (`vllm:num_preemptions_total`).
+    pub num_preemptions: u64,
+    /// Prompt tokens of requests that produced their first token (`vllm:prompt_tokens_total`).
+    pub prompt_tokens_total: u64,
+    /// Output tokens produced (`vllm:generation_tokens_total`).
+    pub generation_tokens_total: u64,
+    /// Steps that scheduled something.
+    pub steps: u64,
+    /// Sum of step durations, seconds: the engine's busy time.
+    pub busy_s: f64,
+}
+
+/// Why a request was refused; the server turns these into vLLM's 400 answers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RejectReason {
+    #[error("the prompt is empty; send at least one token")]
+    EmptyPrompt,
+    #[error("max_tokens must be at least 1, got 0")]
+    ZeroMaxTokens,
+    #[error(
+        "This model's maximum context length is {max_model_len} tokens. However, you requested \
+         {total} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion). \
+         Please reduce the length of the messages or completion.",
+        total = u64::from(*prompt_tokens) + u64::from(*max_tokens)
+    )]
+    TooLong { prompt_tokens: u32, max_tokens: u32, max_model_len: u32 },
+    #[error("request id {0} is already in the engine")]
+    DuplicateId(u64),
+}
+
+#[derive(Debug, Clone)]
+struct Seq {
+    id: u64,
+    prompt: u32,
+    max_tokens: u32,
+    eos_after: Option<u32>,
+    /// Tokens known: prompt + generated.
+    num_tokens: u32,
+    /// Tokens whose KV is in the cache.
+    computed: u32,
+    generated: u32,
+    blocks: u32,
+    live: bool,
+}
+
+/// The engine of one replica. See the module doc.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    max_num_seqs: u32,
+    max_num_batched_tokens: u32,
+    max_model_len: u32,
+    num_gpu_blocks: u32,
+    watermark_blocks: u32,
+    overhead_s: f64,
+    prefill_token_s: f64,
+    seq_s: f64,
+    kv_token_s: f64,
+    speed: f64,
+    token_events: bool,
+
+    slots: Vec<Seq>,
+    free_slots: Vec<u32>,
+    index: HashMap<u64, u32>,
+    waiting: VecDeque<u32>,
+    running: Vec<u32>,
+    free_blocks: u32,
+    /// Scratch: (slot, new tokens) scheduled in the current step.
+    sched: Vec<(u32, u32)>,
+    stats: EngineStats,
+}
+
+/// Slowest speed factor accepted; lower values are raised to it so a step always ends.
+pub const MIN_SPEED: f64 = 1e-3;
+
+fn blocks_for(tokens: u32) -> u32 {
+    tokens.div_ceil(BLOCK_SIZE)
+}
+
+impl Engine {
+    /// An idle engine for `profile`, running at `speed` x the profile's GPU (1.0 = as profiled).
+    pub fn new(profile: &ModelProfile, speed: f64) -> Result<Engine, ProfileError> {
+        profile.validate()?;
+        let mut e = Engine {
+            max_num_seqs: profile.max_num_seqs,
+            max_num_batched_tokens: profile.max_num_batched_tokens,
+            max_model_len: profile.max_model_len,
+            num_gpu_blocks: profile.num_gpu_blocks,
+            watermark_blocks: profile.watermark_blocks(),
+            overhead_s: profile.step_overhead_s,
+            prefill_token_s: profile.prefill_token_s,
+            seq_s: profile.seq_s,
+            kv_token_s: profile.kv_token_s,
+            speed: 1.0,
+            token_events: true,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            index: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            free_blocks: profile.num_gpu_blocks,
+            sched: Vec::new(),
+            stats: EngineStats { num_gpu_blocks: profile.num_gpu_blocks, ..EngineStats::default() },
+        };
+        e.set_speed(speed);
+        Ok(e)
+    }
+
+    /// Change the speed factor; takes effect from the next step. Non-finite or tiny values become
+    /// [`MIN_SPEED`].
+    pub fn set_speed(&mut self, speed: f64) {
+        self.speed = if speed.is_finite() && speed > MIN_SPEED { speed } else { MIN_SPEED };
+    }
+
+    /// Current speed factor.
+    pub fn speed(&self) -> f64 {
+        self.speed
+    }
+
+    /// Emit [`EngineEvent::Token`] for every token (default) or not (first tokens, completions and
+    /// preemptions are always emitted).
+    pub fn set_token_events(&mut self, on: bool) {
+        self.token_events = on;
+    }
+
+    /// Longest prompt + output accepted.
+    pub fn max_model_len(&self) -> u32 {
+        self.max_model_len
+    }
+
+    /// Queue a request at the back of the waiting queue.
+    pub fn add_request(&mut self, req: EngineRequest) -> Result<(), RejectReason> {
+        if req.prompt_tokens == 0 {
+            return Err(RejectReason::EmptyPrompt);
+        }
+        if req.max_tokens == 0 {
+            return Err(RejectReason::ZeroMaxTokens);
+        }
+        if u64::from(req.prompt_tokens) + u64::from(req.max_tokens) > u64::from(self.max_model_len) {
+            return Err(RejectReason::TooLong {
+                prompt_tokens: req.prompt_tokens,
+                max_tokens: req.max_tokens,
+                max_model_len: self.max_model_len,
+            });
+        }
+        if self.index.contains_key(&req.id) {
+            return Err(RejectReason::DuplicateId(req.id));
+        }
+        let seq = Seq {
+            id: req.id,
+            prompt: req.prompt_tokens,
+            max_tokens: req.max_tokens,
+            eos_after: req.eos_after.filter(|&n| n >= 1),
+            num_tokens: req.prompt_tokens,
+            computed: 0,
+            generated: 0,
+            blocks: 0,
+            live: true,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = seq;
+                s
+            }
+            None => {
+                self.slots.push(seq);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(req.id, slot);
+        self.waiting.push_back(slot);
+        Ok(())
+    }
+
+    /// Drop a request wherever it is, freeing its blocks. Returns the tokens it had produced, or
+    /// `None` if the engine does not hold it.
+    pub fn abort(&mut self, id: u64) -> Option<u32> {
+        let slot = self.index.remove(&id)?;
+        if let Some(pos) = self.waiting.iter().position(|&s| s == slot) {
+            self.waiting.remove(pos);
+        } else if let Some(pos) = self.running.iter().position(|&s| s == slot) {
+            self.running.remove(pos);
+        }
+        let seq = &mut self.slots[slot as usize];
+        self.free_blocks += seq.blocks;
+        seq.blocks = 0;
+        seq.live = false;
+        let produced = seq.generated;
+        self.free_slots.push(slot);
+        Some(produced)
+    }
+
+    /// True while any request waits or runs.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    /// Gauges and counters now.
+    pub fn stats(&self) -> EngineStats {
+        let used = self.num_gpu_blocks - self.free_blocks;
+        EngineStats {
+            waiting: self.waiting.len() as u32,
+            running: self.running.len() as u32,
+            kv_usage: f64::from(used) / f64::from(self.num_gpu_blocks),
+            used_blocks: used,
+            ..self.stats
+        }
+    }
+
+    /// Ids of running requests, oldest admission first (for tests and debugging).
+    pub fn running_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.running.iter().map(|&s| self.slots[s as usize].id)
+    }
+
+    /// Ids of waiting requests, front of the queue first.
+    pub fn waiting_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.waiting.iter().map(|&s| self.slots[s as usize].id)
+    }
+
+    /// Plan and run one step; see [`Engine::step_into`].
+    pub fn step(&mut self) -> StepOutcome {
+        let mut events = Vec::new();
+        let info = self.step_into(&mut events);
+        StepOutcome { duration_s: info.duration_s, events, info }
+    }
+
+    /// Plan and run one step, appending its events to `events` (which is not cleared). The events
+    /// take effect `duration_s` after the step starts. A step with nothing to do lasts 0 s.
+    pub fn step_into(&mut self, events: &mut Vec<EngineEvent>) -> StepInfo {
+        let mut info = StepInfo::default();
+        let mut budget = self.max_num_batched_tokens;
+        self.sched.clear();
+
+        // 1. Running requests, oldest first; preempt from the newest end when blocks run out.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let slot = self.running[i];
+            let seq = &self.slots[slot as usize];
+            let new = (seq.num_tokens - seq.computed).min(budget);
+            let extra = blocks_for(seq.computed + new).saturating_sub(seq.blocks);
+            let mut scheduled = true;
+            while extra > self.free_blocks {
+                let Some(victim) = self.running.pop() else { break };
+                self.preempt(victim, events);
+                info.preempted += 1;
+                if victim == slot {
+                    scheduled = false;
+                    break;
+                }
+            }
+            if !scheduled {
+                break; // `slot` was the newest; everything after it is gone too.
+            }
+            self.free_blocks -= extra;
+            self.slots[slot as usize].blocks += extra;
+            self.sched.push((slot, new));
+            budget -= new;
+            i += 1;
+        }
+
+        // 2. Admit from the waiting queue, FIFO, unless this step preempted.
+        if info.preempted == 0 {
+            while budget > 0 && (self.running.len() as u32) < self.max_num_seqs {
+                let Some(&slot) = self.waiting.front() else { break };
+                let seq = &self.slots[slot as usize];
+                let need = blocks_for(seq.num_tokens);
+                if need + self.watermark_blocks > self.free_blocks {
+                    break; // head-of-line: the queue is FIFO.
+                }
+                let new = (seq.num_tokens - seq.computed).min(budget);
+                self.waiting.pop_front();
+                self.free_blocks -= need;
+                self.slots[slot as usize].blocks = need;
+                self.running.push(slot);
+                self.sched.push((slot, new));
+                budget -= new;
+            }
+        }
+
+        if self.sched.is_empty() {
+            return info;
+        }
+
+        // 3. Cost of the batch.
+        for &(slot, new) in &self.sched {
+            let seq = &self.slots[slot as usize];
+            let decode = new == 1 && seq.generated > 0 && seq.computed + 1 == seq.num_tokens;
+            if decode {
+                info.decode_seqs += 1;
+            } else {
+                info.prefill_tokens += new;
+            }
+            info.kv_tokens_read += u64::from(seq.computed + new);
+        }
+        info.batch_size = self.sched.len() as u32;
+        let cost = self.overhead_s
+            + self.prefill_token_s * f64::from(info.prefill_tokens)
+            + self.seq_s * f64::from(info.batch_size)
+            + self.kv_token_s * info.kv_tokens_read as f64;
+        info.duration_s = cost / self.speed;
+        self.stats.steps += 1;
+        self.stats.busy_s += info.duration_s;
+
+        // 4. Effects at the end of the step.
+        let mut any_finished = false;
+        for k in 0..self.sched.len() {
+            let (slot, new) = self.sched[k];
+            let seq = &mut self.slots[slot as usize];
+            seq.computed += new;
+            if seq.computed < seq.num_tokens {
+                continue; // a prefill chunk that is not the last
+            }
+            seq.generated += 1;
+            seq.num_tokens += 1;
+            self.stats.generation_tokens_total += 1;
+            if seq.generated == 1 {
+                self.stats.prompt_tokens_total += u64::from(seq.prompt);
+                events.push(EngineEvent::FirstToken { id: seq.id });
+            } else if self.token_events {
+                events.push(EngineEvent::Token { id: seq.id });
+            }
+            let reason = if seq.eos_after == Some(seq.generated) && seq.generated < seq.max_tokens {
+                Some(FinishReason::Stop)
+            } else if seq.generated >= seq.max_tokens {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                events.push(EngineEvent::Finished { id: seq.id, output_tokens: seq.generated, reason });
+                self.free_blocks += seq.blocks;
+                seq.blocks = 0;
+                seq.live = false;
+                self.index.remove(&seq.id);
+                self.free_slots.push(slot);
+                any_finished = true;
+            }
+        }
+        if any_finished {
+            let slots = &self.slots;
+            self.running.retain(|&s| slots[s as usize].live);
+        }
+        info
+    }
+
+    fn preempt(&mut self, slot: u32, events: &mut Vec<EngineEvent>) {
+        let seq = &mut self.slots[slot as usize];
+        self.free_blocks += seq.blocks;
+        seq.blocks = 0;
+        seq.computed = 0;
+        self.waiting.push_front(slot);
+        self.stats.num_preemptions += 1;
+        events.push(EngineEvent::Preempted { id: seq.id });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Engine {
+        Engine::new(&ModelProfile::tiny(), 1.0).unwrap()
+    }
+
+    /// Step until idle; returns (total time, events).
+    fn drain(e: &mut Engine) -> (f64, Vec<EngineEvent>) {
+        let mut t = 0.0;
+        let mut ev = Vec::new();
+        let mut guard = 0;
+        while e.has_work() {
+            t += e.step_into(&mut ev).duration_s;
+            guard += 1;
+            assert!(guard < 1_000_000, "engine does not drain");
+        }
+        (t, ev)
+    }
+
+    #[test]
+    fn single_request_produces_exactly_max_tokens() {
+        let mut e = tiny();
+        e.add_request(EngineRequest::new(7, 100, 5)).unwrap();
+        let (_, ev) = drain(&mut e);
+        assert_eq!(ev[0], EngineEvent::FirstToken { id: 7 });
+        assert_eq!(ev.iter().filter(|x| matches!(x, EngineEvent::Token { .. })).count(), 4);
+        assert_eq!(
+            *ev.last().unwrap(),
+            EngineEvent::Finished { id: 7, output_tokens: 5, reason: FinishReason::Length }
+        );
+        let s = e.stats();
+        assert_eq!((s.running, s.waiting, s.used_blocks), (0, 0, 0));
+        assert_eq!((s.prompt_tokens_total, s.generation_tokens_total), (100, 5));
+    }
+
+    #[test]
+    fn eos_stops_early_with_reason_stop() {
+        let mut e = tiny();
+        e.add_request(EngineRequest { id: 1, prompt_tokens: 10, max_tokens: 50, eos_after: Some(3) })
+            .unwrap();
+        let (_, ev) = drain(&mut e);
+        assert_eq!(
+            *ev.last().unwrap(),
+            EngineEvent::Finished { id: 1, output_tokens: 3, reason: FinishReason::Stop }
+        );
+    }
+
+    #[test]
+    fn long_prompt_is_prefilled_in_chunks() {
+        let mut e = tiny(); // 256-token budget
+        e.add_request(EngineRequest::new(1, 1000, 1)).unwrap();
+        let mut steps = 0;
+        let mut ev = Vec::new();
+        while e.has_work() {
+            let info = e.step_into(&mut ev);
+            assert!(info.prefill_tokens <= 256);
+            steps += 1;
+        }
+        assert_eq!(steps, 4); // 256 * 3 + 232
+    }
+
+    #[test]
+    fn rejects_bad_sizes_like_vllm() {
+        let mut e = tiny();
+        assert_eq!(e.add_request(EngineRequest::new(1, 0, 5)), Err(RejectReason::EmptyPrompt));
+        assert_eq!(e.add_request(EngineRequest::new(1, 5, 0)), Err(RejectReason::ZeroMaxTokens));
+        let err = e.add_request(EngineRequest::new(1, 2000, 100)).unwrap_err();
+        assert!(err.to_string().contains("maximum context length is 2048 tokens"), "{err}");
+        assert!(err.to_string().contains("2100 tokens"), "{err}");
+        e.add_request(EngineRequest::new(1, 5, 5)).unwrap();
+        assert_eq!(e.add_request(EngineRequest::new(1, 5, 5)), Err(RejectReason::DuplicateId(1)));
+    }
+
+    #[test]
+    fn max_num_seqs_caps_the_batch() {
+        let mut e = tiny(); // 8 seqs
+        for id in 0..20 {
+            e.add_request(EngineRequest::new(id, 4, 10)).unwrap();
+        }
+        e.step();
+        let s = e.stats();
+        assert_eq!((s.running, s.waiting), (8, 12));
+    }
+
+    #[test]
+    fn preemption_takes_the_newest_and_everyone_finishes() {
+        // 256 blocks; 8 requests of 16-token prompts that each grow to ~1000 tokens cannot all fit.
+        let mut e = tiny();
+        for id in 0..8 {
+            e.add_request(EngineRequest::new(id, 16, 1000)).unwrap();
+        }
+        let mut ev = Vec::new();
+        let mut first_preempted = None;
+        while e.has_work() {
+            e.step_into(&mut ev);
+            if first_preempted.is_none() {
+                first_preempted = ev.iter().find_map(|x| match x {
+                    EngineEvent::Preempted { id } => Some(*id),
+                    _ => None,
+                });
+            }
+            assert!(e.stats().used_blocks <= 256);
+        }
+        assert_eq!(first_preempted, Some(7), "the newest request is preempted first");
+        let finished = ev.iter().filter(|x| matches!(x, EngineEvent::Finished { .. })).count();
+        assert_eq!(finished, 8);
+        assert!(e.stats().num_preemptions > 0);
+    }
+
+    #[test]
+    fn slower_replica_takes_proportionally_longer() {
+        let mut fast = tiny();
+        let mut slow = Engine::new(&ModelProfile::tiny(), 0.5).unwrap();
+        for e in [&mut fast, &mut slow] {
+            e.add_request(EngineRequest::new(1, 300, 20)).unwrap();
+        }
+        let (tf, _) = drain(&mut fast);
+        let (ts, _) = drain(&mut slow);
+        assert!((ts / tf - 2.0).abs() < 1e-9, "{tf} {ts}");
+    }
+
+    #[test]
+    fn abort_frees_blocks_everywhere() {
+        let mut e = tiny();
+        e.add_request(EngineRequest::new(1, 100, 100)).unwrap();
+        e.add_request(EngineRequest::new(2, 100, 100)).unwrap();
+        e.step();
+        assert!(e.stats().used_blocks > 0);
+        assert_eq!(e.abort(1), Some(1));
+        assert_eq!(e.abort(2), Some(1));
+        assert_eq!(e.abort(3), None);
+        assert!(!e.has_work());
+        assert_eq!(e.stats().used_blocks, 0);
+        // Slots are reused.
+        e.add_request(EngineRequest::new(1, 10, 1)).unwrap();
+        let (_, ev) = drain(&mut e);
+        assert!(matches!(ev.last(), Some(EngineEvent::Finished { id: 1, .. })));
+    }
+
+    #[test]
+    fn token_events_can_be_turned_off() {
+        let mut e = tiny();
+        e.set_token_events(false);
+        e.add_request(EngineRequest::new(1, 10, 50)).unwrap();
+        let (_, ev) = drain(&mut e);
+        assert_eq!(ev.len(), 2);
+    }
+
+    #[test]
+    fn idle_step_lasts_zero() {
+        let mut e = tiny();
+        let out = e.step();
+        assert_eq!(out.duration_s, 0.0);
+        assert!(out.events.is_empty());
+    }
+}

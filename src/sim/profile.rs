@@ -1,0 +1,191 @@
+//! Model/GPU profiles: the numbers that make the engine model behave like one model on one GPU.
+//!
+//! A profile holds vLLM's scheduler limits (`max_num_seqs`, `max_num_batched_tokens`, KV blocks) and
+//! the four coefficients of the step-time model in [`crate::sim::engine`]:
+//!
+//! ```text
+//! step_s = (overhead + prefill_token * prefill_tokens + seq * seqs_in_batch + kv_token * kv_tokens_read) / speed
+//! ```
+//!
+//! Where each number of [`ModelProfile::llama_8b_h100`] comes from (see also `src/sim/README.md`):
+//! - KV capacity: Llama-3.1-8B has 32 layers, 8 KV heads of dim 128, bf16, so one token of KV is
+//!   2 (K,V) x 32 x 8 x 128 x 2 bytes = 128 KiB. An 80 GB H100 at vLLM's default
+//!   `gpu_memory_utilization=0.9` gives 72 GB; minus ~16 GB of weights and ~4 GB of activations and
+//!   CUDA graphs leaves ~52 GB, i.e. ~400k tokens = 25,000 blocks of 16 (vLLM logs
+//!   "GPU KV cache size: ~4xx,xxx tokens" for this model on H100-80GB).
+//! - Decode at batch 1 is memory-bound: 16 GB of weights over H100 SXM's 3.35 TB/s HBM3 is ~4.8 ms,
+//!   plus kernel launch and scheduler time; published vLLM runs show 6-7 ms ITL at batch 1
+//!   (e.g. NVIDIA NIM / vLLM benchmark tables for Llama-3.1-8B-Instruct on 1xH100). Hence the
+//!   6.0 ms overhead.
+//! - Attention reads each token's KV once per step: 128 KiB / 3.35 TB/s is ~39 ns at full bandwidth;
+//!   attention kernels reach ~60-70% of it with paging, so we charge 25 ns per KV token read
+//!   (cost per token of context of every sequence in the step).
+//! - Per-sequence cost (sampling, the batched GEMMs growing with batch, detokenizer, scheduler):
+//!   12 us. With 256 sequences of ~1k context this gives 6 + 3.1 + 6.4 = 15.5 ms, matching the
+//!   ~15 ms ITL vLLM reports near saturation for 8B on H100, and ~16k output tok/s.
+//! - Prefill is compute-bound: an 8B model costs ~2 x 8e9 = 16 GFLOP per token; at ~45% of H100's
+//!   989 dense bf16 TFLOPS that is ~28k tokens/s, i.e. 35 us per prompt token. A 1k-token prompt on
+//!   an idle server then has TTFT 6 + 35 = ~41 ms (published: 30-60 ms for 1k input on H100).
+//! - Scheduler limits: vLLM V1 defaults for an H100 with the OpenAI server are `max_num_seqs=256`
+//!   (1024 from 0.8 on for H100/H200 usage-context defaults; we keep 256 which is what most
+//!   deployments pin) and chunked prefill with `max_num_batched_tokens=8192`; `max_model_len=8192`
+//!   is a typical deployment cap. The 1% watermark is vLLM v0's `watermark=0.01` admission reserve.
+//!
+//! [`ModelProfile::tiny`] is a small, fast profile for unit and HTTP tests: its numbers are chosen,
+//! not measured, so that queueing, preemption and saturation show up with a handful of requests.
+
+use serde::{Deserialize, Serialize};
+
+/// Tokens per KV block (vLLM's default `block_size` on CUDA).
+pub const BLOCK_SIZE: u32 = 16;
+
+/// Everything the engine model needs to know about one model on one GPU type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelProfile {
+    /// Profile name, as given to `--profile`.
+    pub name: String,
+    /// Model name served by default (`/v1/models`, `model_name` label).
+    pub model: String,
+    /// Longest sequence (prompt + output) the model accepts, in tokens.
+    pub max_model_len: u32,
+    /// KV cache capacity, in blocks of [`BLOCK_SIZE`] tokens.
+    pub num_gpu_blocks: u32,
+    /// Admission keeps this fraction of blocks free (vLLM v0 `watermark`).
+    pub watermark: f64,
+    /// Most sequences in one batch (vLLM `max_num_seqs`).
+    pub max_num_seqs: u32,
+    /// Token budget of one step, prefill chunks + decodes (vLLM `max_num_batched_tokens`).
+    pub max_num_batched_tokens: u32,
+    /// Fixed cost of one step, seconds (weights read, launches, scheduling).
+    pub step_overhead_s: f64,
+    /// Cost per prompt token computed in a step, seconds.
+    pub prefill_token_s: f64,
+    /// Cost per sequence in the batch, seconds.
+    pub seq_s: f64,
+    /// Cost per token of KV read by attention, seconds.
+    pub kv_token_s: f64,
+}
+
+/// A profile that cannot run: the engine would reject every request or loop forever.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProfileError {
+    #[error("profile {name}: {what}; fix the profile numbers")]
+    Invalid { name: String, what: String },
+    #[error("unknown profile {0:?}; known profiles: {known}", known = ModelProfile::NAMES.join(", "))]
+    Unknown(String),
+}
+
+impl ModelProfile {
+    /// Names accepted by [`ModelProfile::by_name`].
+    pub const NAMES: &'static [&'static str] = &["llama-8b-h100", "tiny"];
+
+    /// Look a built-in profile up by name.
+    pub fn by_name(name: &str) -> Result<ModelProfile, ProfileError> {
+        match name {
+            "llama-8b-h100" => Ok(Self::llama_8b_h100()),
+            "tiny" => Ok(Self::tiny()),
+            other => Err(ProfileError::Unknown(other.to_string())),
+        }
+    }
+
+    /// Llama-3.1-8B-Instruct, bf16, on one H100 SXM 80 GB (sources in the module doc).
+    pub fn llama_8b_h100() -> ModelProfile {
+        ModelProfile {
+            name: "llama-8b-h100".into(),
+            model: "meta-llama/Llama-3.1-8B-Instruct".into(),
+            max_model_len: 8192,
+            num_gpu_blocks: 25_000,
+            watermark: 0.01,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            step_overhead_s: 6.0e-3,
+            prefill_token_s: 35e-6,
+            seq_s: 12e-6,
+            kv_token_s: 25e-9,
+        }
+    }
+
+    /// A small, fast profile for tests: 4096 tokens of KV, 8 sequences, 256-token steps.
+    pub fn tiny() -> ModelProfile {
+        ModelProfile {
+            name: "tiny".into(),
+            model: "sim-tiny".into(),
+            max_model_len: 2048,
+            num_gpu_blocks: 256,
+            watermark: 0.01,
+            max_num_seqs: 8,
+            max_num_batched_tokens: 256,
+            step_overhead_s: 2.0e-3,
+            prefill_token_s: 20e-6,
+            seq_s: 100e-6,
+            kv_token_s: 200e-9,
+        }
+    }
+
+    /// KV capacity in tokens.
+    pub fn kv_capacity_tokens(&self) -> u64 {
+        u64::from(self.num_gpu_blocks) * u64::from(BLOCK_SIZE)
+    }
+
+    /// Blocks admission keeps free.
+    pub fn watermark_blocks(&self) -> u32 {
+        (self.watermark * f64::from(self.num_gpu_blocks)).floor() as u32
+    }
+
+    /// Check that the numbers can run: every accepted request must fit the cache on its own, so
+    /// no request can wait forever.
+    pub fn validate(&self) -> Result<(), ProfileError> {
+        let bad = |what: String| Err(ProfileError::Invalid { name: self.name.clone(), what });
+        if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 || self.max_model_len == 0 {
+            return bad("max_num_seqs, max_num_batched_tokens and max_model_len must be > 0".into());
+        }
+        if !(0.0..0.5).contains(&self.watermark) {
+            return bad(format!("watermark {} must be in [0, 0.5)", self.watermark));
+        }
+        let need = self.max_model_len.div_ceil(BLOCK_SIZE) + self.watermark_blocks();
+        if need > self.num_gpu_blocks {
+            return bad(format!(
+                "num_gpu_blocks {} cannot hold one max_model_len sequence plus the watermark ({need} blocks)",
+                self.num_gpu_blocks
+            ));
+        }
+        let coeffs = [self.step_overhead_s, self.prefill_token_s, self.seq_s, self.kv_token_s];
+        if coeffs.iter().any(|c| !c.is_finite() || *c < 0.0) || self.step_overhead_s <= 0.0 {
+            return bad("step-time coefficients must be finite, >= 0, and the overhead > 0".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_profiles_are_valid() {
+        for name in ModelProfile::NAMES {
+            let p = ModelProfile::by_name(name).unwrap();
+            p.validate().unwrap();
+            assert_eq!(&p.name, name);
+        }
+    }
+
+    #[test]
+    fn h100_profile_holds_about_400k_tokens() {
+        let cap = ModelProfile::llama_8b_h100().kv_capacity_tokens();
+        assert!((350_000..=450_000).contains(&cap), "{cap}");
+    }
+
+    #[test]
+    fn unknown_profile_lists_known_ones() {
+        let e = ModelProfile::by_name("gpt-5").unwrap_err().to_string();
+        assert!(e.contains("llama-8b-h100") && e.contains("tiny"), "{e}");
+    }
+
+    #[test]
+    fn too_small_cache_is_rejected() {
+        let mut p = ModelProfile::tiny();
+        p.num_gpu_blocks = 10;
+        assert!(p.validate().is_err());
+    }
+}
