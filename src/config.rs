@@ -1,1 +1,586 @@
-//! todo
+//! The controller's one YAML file, as typed structs.
+//!
+//! Loading is two steps: [`load`] deserializes (unknown fields are errors; a parse error carries the
+//! line and column the YAML crate reports and the field path), then [`Config::validate`] checks what
+//! types cannot (ranges, references between sections) and reports every problem at once, each naming
+//! the file and field path: `config/x.yaml: pools[1].ratio.min: must be <= ratio.max`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use llm_lc_adapters::{MemberId, SecretRef, SinkConfig};
+use serde::Deserialize;
+
+use crate::policy::PolicyConfig;
+use crate::source::profile::{MetricOverrides, ProfileName, QueryOverrides};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// How often a control cycle runs.
+    #[serde(default = "defaults::interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// The controller's own HTTP listener: /metrics, /healthz, /readyz, /v1/ratios.
+    #[serde(default = "defaults::listen")]
+    pub listen: SocketAddr,
+    #[serde(default)]
+    pub log_format: LogFormat,
+    /// `/readyz` turns unready when no cycle succeeded within this many intervals.
+    #[serde(default = "defaults::unready_after_cycles")]
+    pub unready_after_cycles: u32,
+    pub sources: BTreeMap<String, SourceConfig>,
+    pub pools: Vec<PoolConfig>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Where samples come from. Several pools may share one source; each cycle queries a source once per
+/// signal for all its pools.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum SourceConfig {
+    Prometheus(PrometheusConfig),
+    Scrape(ScrapeConfig),
+}
+
+/// Prometheus or Thanos Querier (same HTTP API).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrometheusConfig {
+    /// Base URL, e.g. `https://thanos-querier.openshift-monitoring.svc:9091`.
+    pub url: String,
+    /// Sent as `Authorization: Bearer`. On OpenShift: `file: /var/run/secrets/kubernetes.io/serviceaccount/token`.
+    #[serde(default)]
+    pub bearer_token: Option<SecretRef>,
+    /// Extra CA bundle (PEM), e.g. the service CA for Thanos Querier.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Turns TLS certificate verification off. Logged as a warning at start.
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
+    #[serde(default = "defaults::prom_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Extra request headers (a tenant header for Thanos/Cortex, for example).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Window of `rate()` for the mean processing time from the latency histogram.
+    #[serde(default = "defaults::rate_window", with = "humantime_serde")]
+    pub rate_window: Duration,
+}
+
+/// GET each member's metrics page directly: fresher than Prometheus, one request per member.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrapeConfig {
+    #[serde(default = "defaults::scrape_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// At most this many scrapes in flight at once.
+    #[serde(default = "defaults::concurrency")]
+    pub concurrency: usize,
+    #[serde(default = "defaults::scheme")]
+    pub scheme: String,
+    #[serde(default = "defaults::metrics_path")]
+    pub path: String,
+    #[serde(default)]
+    pub bearer_token: Option<SecretRef>,
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub name: String,
+    /// Name of an entry in `sources`.
+    pub source: String,
+    /// Which model server this pool runs; chooses metric names.
+    #[serde(default)]
+    pub profile: ProfileName,
+    /// Replace metric names of the profile, per signal (works with both source kinds).
+    #[serde(default)]
+    pub metrics: MetricOverrides,
+    /// Replace the generated PromQL, per signal (Prometheus sources only). Each query must aggregate
+    /// `by` the join label.
+    #[serde(default)]
+    pub queries: QueryOverrides,
+    /// Extra label matchers added to every generated query, e.g. `namespace="llm",model_name="llama"`.
+    #[serde(default)]
+    pub selector: Option<String>,
+    pub members: MembersConfig,
+    #[serde(default)]
+    pub join: JoinConfig,
+    #[serde(default)]
+    pub policy: PolicyConfig,
+    #[serde(default)]
+    pub ratio: RatioRange,
+    /// Samples older than this are stale.
+    #[serde(default = "defaults::stale_after", with = "humantime_serde")]
+    pub stale_after: Duration,
+    /// A member without fresh data keeps its ratio this long, then gets the pool mean.
+    #[serde(default = "defaults::grace", with = "humantime_serde")]
+    pub grace: Duration,
+    /// What happens once the whole pool has had no fresh data for `reset_after`.
+    #[serde(default)]
+    pub on_stale: OnStale,
+    #[serde(default = "defaults::reset_after", with = "humantime_serde")]
+    pub reset_after: Duration,
+    #[serde(default)]
+    pub sink: SinkConfig,
+}
+
+/// Who the members of a pool are. Exactly one of the fields.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MembersConfig {
+    /// A fixed list of `host:port`.
+    #[serde(default, rename = "static")]
+    pub static_list: Option<Vec<MemberId>>,
+    /// Prometheus targets: the series of `up{SELECTOR}` (e.g. `{job="vllm"}`), one member per value of
+    /// the join label.
+    #[serde(default)]
+    pub prometheus_up: Option<String>,
+    /// Ask the load balancer (the pool's sink) which members it has.
+    #[serde(default)]
+    pub from_lb: bool,
+}
+
+/// How a series is matched to a member: the value of `label`, optionally rewritten by `regex` ->
+/// `replacement` (regex syntax of the `regex` crate; `$1` refers to a group), must equal the member id.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinConfig {
+    #[serde(default = "defaults::join_label")]
+    pub label: String,
+    #[serde(default)]
+    pub regex: Option<String>,
+    #[serde(default)]
+    pub replacement: Option<String>,
+}
+
+impl Default for JoinConfig {
+    fn default() -> Self {
+        JoinConfig { label: defaults::join_label(), regex: None, replacement: None }
+    }
+}
+
+/// Range of the integer ratios this pool's policy produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RatioRange {
+    pub min: u32,
+    pub max: u32,
+}
+
+impl Default for RatioRange {
+    fn default() -> Self {
+        RatioRange { min: 1, max: 100 }
+    }
+}
+
+impl RatioRange {
+    pub fn clamp(&self, v: f64) -> u32 {
+        if v.is_nan() {
+            return self.min;
+        }
+        (v.round() as i64).clamp(self.min as i64, self.max as i64) as u32
+    }
+
+    pub fn mid(&self) -> f64 {
+        (self.min as f64 + self.max as f64) / 2.0
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStale {
+    /// Keep the load balancer's last ratios.
+    #[default]
+    Hold,
+    /// Push equal ratios: with no information, spread load evenly.
+    Equal,
+}
+
+mod defaults {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    pub fn interval() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn listen() -> SocketAddr {
+        SocketAddr::from(([0, 0, 0, 0], 9090))
+    }
+    pub fn unready_after_cycles() -> u32 {
+        3
+    }
+    pub fn prom_timeout() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn rate_window() -> Duration {
+        Duration::from_secs(60)
+    }
+    pub fn scrape_timeout() -> Duration {
+        Duration::from_secs(2)
+    }
+    pub fn concurrency() -> usize {
+        16
+    }
+    pub fn scheme() -> String {
+        "http".into()
+    }
+    pub fn metrics_path() -> String {
+        "/metrics".into()
+    }
+    pub fn join_label() -> String {
+        "instance".into()
+    }
+    pub fn stale_after() -> Duration {
+        Duration::from_secs(60)
+    }
+    pub fn grace() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn reset_after() -> Duration {
+        Duration::from_secs(300)
+    }
+}
+
+/// One problem with a config file: where it is and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// Line and column, 1-based, where the YAML parser can tell.
+    pub location: Option<(usize, usize)>,
+    /// Field path such as `pools[1].ratio.min`; empty for whole-file problems.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some((line, col)) = self.location {
+            write!(f, ":{line}:{col}")?;
+        }
+        if !self.field.is_empty() {
+            write!(f, ": {}", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// All problems found in one file.
+#[derive(Debug, Clone)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Read, parse and validate a config file.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            file: path.to_path_buf(),
+            location: None,
+            field: String::new(),
+            message: format!("cannot read: {e}"),
+        }])
+    })?;
+    parse(path, &text)
+}
+
+/// Parse and validate config text; `path` is only used in messages.
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
+    let de = serde_yaml_ng::Deserializer::from_str(text);
+    let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        let location = inner.location().map(|l| (l.line(), l.column()));
+        // The YAML crate prefixes its message with the field path and position it knows; we print both
+        // ourselves, so keep just the description.
+        let mut message = inner.to_string();
+        if let Some(idx) = message.find(" at line ") {
+            message.truncate(idx);
+        }
+        let field = if field == "." { String::new() } else { field };
+        if let Some(stripped) = message.strip_prefix(&format!("{field}: ")) {
+            message = stripped.to_string();
+        }
+        ConfigErrors(vec![ConfigError { file: path.to_path_buf(), location, field, message }])
+    })?;
+    let problems = config.validate();
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigErrors(
+            problems
+                .into_iter()
+                .map(|(field, message)| ConfigError { file: path.to_path_buf(), location: None, field, message })
+                .collect(),
+        ))
+    }
+}
+
+impl Config {
+    /// Every problem types cannot catch, as `(field path, message)`.
+    pub fn validate(&self) -> Vec<(String, String)> {
+        let mut errs: Vec<(String, String)> = Vec::new();
+        let mut err = |field: String, msg: &str| errs.push((field, msg.to_string()));
+        if self.interval.is_zero() {
+            err("interval".into(), "must be > 0");
+        }
+        if self.unready_after_cycles == 0 {
+            err("unready_after_cycles".into(), "must be >= 1");
+        }
+        if self.pools.is_empty() {
+            err("pools".into(), "at least one pool is needed");
+        }
+        for (name, src) in &self.sources {
+            let at = |f: &str| format!("sources.{name}.{f}");
+            match src {
+                SourceConfig::Prometheus(p) => {
+                    match url::Url::parse(&p.url) {
+                        Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+                        Ok(u) => err(at("url"), &format!("scheme must be http or https, not {}", u.scheme())),
+                        Err(e) => err(at("url"), &format!("not a URL: {e}")),
+                    }
+                    if p.timeout.is_zero() {
+                        err(at("timeout"), "must be > 0");
+                    }
+                    if p.rate_window < Duration::from_secs(1) {
+                        err(at("rate_window"), "must be at least 1s (and should cover a few scrape intervals)");
+                    }
+                    if let Some(ca) = &p.ca_file {
+                        if !ca.exists() {
+                            err(at("ca_file"), &format!("{} does not exist", ca.display()));
+                        }
+                    }
+                }
+                SourceConfig::Scrape(s) => {
+                    if s.timeout.is_zero() {
+                        err(at("timeout"), "must be > 0");
+                    }
+                    if s.concurrency == 0 {
+                        err(at("concurrency"), "must be >= 1");
+                    }
+                    if !matches!(s.scheme.as_str(), "http" | "https") {
+                        err(at("scheme"), "must be http or https");
+                    }
+                    if !s.path.starts_with('/') {
+                        err(at("path"), "must start with /");
+                    }
+                    if let Some(ca) = &s.ca_file {
+                        if !ca.exists() {
+                            err(at("ca_file"), &format!("{} does not exist", ca.display()));
+                        }
+                    }
+                }
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, p) in self.pools.iter().enumerate() {
+            let at = |f: &str| format!("pools[{i}].{f}");
+            if p.name.is_empty() {
+                err(at("name"), "must not be empty");
+            } else if !seen.insert(p.name.as_str()) {
+                err(at("name"), &format!("duplicate pool name {:?}", p.name));
+            }
+            let source = self.sources.get(&p.source);
+            match source {
+                None => {
+                    let known = self.sources.keys().cloned().collect::<Vec<_>>().join(", ");
+                    err(at("source"), &format!("no source named {:?} (sources: {known})", p.source));
+                }
+                Some(SourceConfig::Scrape(_)) => {
+                    if !p.queries.is_empty() {
+                        err(at("queries"), "PromQL overrides need a prometheus source; use `metrics` to rename metrics for scrape");
+                    }
+                    if p.members.prometheus_up.is_some() {
+                        err(at("members.prometheus_up"), "needs a prometheus source");
+                    }
+                }
+                Some(SourceConfig::Prometheus(_)) => {}
+            }
+            let count = p.members.static_list.is_some() as u8
+                + p.members.prometheus_up.is_some() as u8
+                + p.members.from_lb as u8;
+            if count != 1 {
+                err(at("members"), "set exactly one of `static`, `prometheus_up`, `from_lb`");
+            }
+            if let Some(list) = &p.members.static_list {
+                if list.is_empty() {
+                    err(at("members.static"), "must list at least one member");
+                }
+                let mut dup = std::collections::BTreeSet::new();
+                for (j, m) in list.iter().enumerate() {
+                    if m.host_port().is_none() {
+                        err(at(&format!("members.static[{j}]")), &format!("\"{m}\" is not host:port"));
+                    }
+                    if !dup.insert(m) {
+                        err(at(&format!("members.static[{j}]")), &format!("duplicate member {m}"));
+                    }
+                }
+            }
+            if let Some(sel) = &p.members.prometheus_up {
+                if !(sel.starts_with('{') && sel.ends_with('}')) {
+                    err(at("members.prometheus_up"), "must be a label selector in braces, e.g. '{job=\"vllm\"}'");
+                }
+            }
+            if p.members.from_lb && matches!(p.sink, SinkConfig::DryRun | SinkConfig::Webhook(_) | SinkConfig::Envoy(_)) {
+                err(at("members.from_lb"), &format!("the {} sink has no pool to read members from", p.sink.kind()));
+            }
+            if let Some(sel) = &p.selector {
+                if sel.contains('{') || sel.contains('}') {
+                    err(at("selector"), "write label matchers without braces, e.g. namespace=\"llm\"");
+                }
+            }
+            if p.join.label.is_empty() {
+                err(at("join.label"), "must not be empty");
+            }
+            match (&p.join.regex, &p.join.replacement) {
+                (Some(r), _) => {
+                    if let Err(e) = regex::Regex::new(r) {
+                        // The regex crate's message spans several lines with a caret; its last line says what is wrong.
+                        let why = e.to_string().lines().last().unwrap_or_default().trim().to_string();
+                        err(at("join.regex"), &format!("invalid regex: {why}"));
+                    }
+                }
+                (None, Some(_)) => err(at("join.replacement"), "needs join.regex"),
+                (None, None) => {}
+            }
+            if p.ratio.max == 0 {
+                err(at("ratio.max"), "must be > 0");
+            }
+            if p.ratio.min > p.ratio.max {
+                err(at("ratio.min"), "must be <= ratio.max");
+            }
+            if p.ratio.min == 0 {
+                err(at("ratio.min"), "must be >= 1 (a ratio of 0 drains a member; drain is a sink option)");
+            }
+            for (d, f) in [(p.stale_after, "stale_after"), (p.reset_after, "reset_after")] {
+                if d.is_zero() {
+                    err(at(f), "must be > 0");
+                }
+            }
+            if p.profile == ProfileName::Custom {
+                let missing = p.queries.waiting.is_none() && p.metrics.waiting.is_none()
+                    || p.queries.running.is_none() && p.metrics.running.is_none();
+                if missing {
+                    err(at("profile"), "custom needs at least waiting and running in `queries` or `metrics`");
+                }
+            }
+            for (field, msg) in p.policy.validate() {
+                err(at(&format!("policy.{field}")), &msg);
+            }
+            for (field, msg) in p.sink.validate() {
+                err(at(&format!("sink.{field}")), &msg);
+            }
+        }
+        errs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(s: &str) -> Result<Config, ConfigErrors> {
+        parse(Path::new("test.yaml"), s)
+    }
+
+    const MINIMAL: &str = r#"
+sources:
+  direct: { kind: scrape }
+pools:
+  - name: p
+    source: direct
+    members: { static: ["10.0.0.1:8000", "10.0.0.2:8000"] }
+"#;
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = parse_str(MINIMAL).expect("valid");
+        assert_eq!(c.interval, Duration::from_secs(5));
+        assert_eq!(c.pools[0].ratio, RatioRange { min: 1, max: 100 });
+        assert_eq!(c.pools[0].join.label, "instance");
+        assert!(matches!(c.pools[0].sink, SinkConfig::DryRun));
+    }
+
+    #[test]
+    fn misspelt_field_names_file_line_and_path() {
+        let text = MINIMAL.replace("    source: direct", "    source: direct\n    sourse: x");
+        let e = parse_str(&text).expect_err("unknown field");
+        let msg = e.to_string();
+        assert!(msg.starts_with("test.yaml:"), "{msg}");
+        assert!(msg.contains("pools[0]"), "{msg}");
+        assert!(msg.contains("sourse"), "{msg}");
+        assert_eq!(e.0[0].location.map(|l| l.0), Some(7), "{msg}");
+    }
+
+    #[test]
+    fn bad_duration_names_the_field() {
+        let text = format!("interval: -5s\n{MINIMAL}");
+        let e = parse_str(&text).expect_err("negative interval");
+        assert_eq!(e.0[0].field, "interval", "{e}");
+        assert_eq!(e.0[0].location.map(|l| l.0), Some(1), "{e}");
+    }
+
+    #[test]
+    fn zero_interval_and_bad_range_are_all_reported() {
+        let text = format!("interval: 0s\n{MINIMAL}    ratio: {{ min: 50, max: 10 }}\n");
+        let e = parse_str(&text).expect_err("invalid");
+        let fields: Vec<_> = e.0.iter().map(|x| x.field.as_str()).collect();
+        assert!(fields.contains(&"interval"), "{e}");
+        assert!(fields.contains(&"pools[0].ratio.min"), "{e}");
+        assert!(e.to_string().contains("pools[0].ratio.min: must be <= ratio.max"), "{e}");
+    }
+
+    #[test]
+    fn unknown_source_is_named() {
+        let text = MINIMAL.replace("source: direct", "source: nowhere");
+        let e = parse_str(&text).expect_err("unknown source");
+        assert!(e.to_string().contains("pools[0].source: no source named \"nowhere\" (sources: direct)"), "{e}");
+    }
+
+    #[test]
+    fn members_need_exactly_one_form() {
+        let text = MINIMAL.replace(
+            r#"members: { static: ["10.0.0.1:8000", "10.0.0.2:8000"] }"#,
+            r#"members: { static: ["10.0.0.1:8000"], prometheus_up: '{job="x"}' }"#,
+        );
+        let e = parse_str(&text).expect_err("two forms");
+        assert!(e.to_string().contains("pools[0].members: set exactly one"), "{e}");
+        assert!(e.to_string().contains("members.prometheus_up: needs a prometheus source"), "{e}");
+    }
+
+    #[test]
+    fn bad_member_and_regex_are_reported() {
+        let text = MINIMAL.replace("\"10.0.0.2:8000\"", "\"nope\"") + "    join: { label: pod, regex: '(' }\n";
+        let e = parse_str(&text).expect_err("invalid");
+        let s = e.to_string();
+        assert!(s.contains("pools[0].members.static[1]: \"nope\" is not host:port"), "{s}");
+        assert!(s.contains("pools[0].join.regex: invalid regex"), "{s}");
+    }
+}

@@ -1,1 +1,279 @@
-//! todo
+//! Ratio policies: pure, deterministic functions from a pool's samples (and their own memory) to one
+//! integer ratio per member. No I/O, no clock reads: time enters only as sample ages and cycle counts.
+//!
+//! [`PoolPolicy`] holds the rules every algorithm shares: what counts as stale, how long a member
+//! without fresh data keeps its ratio (the grace period) before it falls back to the pool mean, that a
+//! new member starts at the pool mean, and clamping to the configured range. The algorithms
+//! ([`headroom`], [`feedback`]) only see members with fresh samples.
+
+pub mod feedback;
+pub mod headroom;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use llm_lc_adapters::{MemberId, Ratios};
+use serde::Deserialize;
+
+use crate::config::RatioRange;
+use crate::source::{Sample, Snapshot};
+
+/// Which algorithm a pool uses, with its parameters.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum PolicyConfig {
+    /// Memoryless: ratio falls linearly with a weighted score of KV usage and queue.
+    Headroom(headroom::HeadroomParams),
+    /// Integral: moves every ratio toward equal load across the pool each cycle.
+    Feedback(feedback::FeedbackParams),
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig::Feedback(feedback::FeedbackParams::default())
+    }
+}
+
+impl PolicyConfig {
+    pub fn name(&self) -> &'static str {
+        match self {
+            PolicyConfig::Headroom(_) => "headroom",
+            PolicyConfig::Feedback(_) => "feedback",
+        }
+    }
+
+    pub fn validate(&self) -> Vec<(String, String)> {
+        match self {
+            PolicyConfig::Headroom(p) => p.validate(),
+            PolicyConfig::Feedback(p) => p.validate(),
+        }
+    }
+}
+
+/// How "loaded" a server is, as one number where 1 means a full KV cache (or a full batch) and each
+/// `queue_norm` waiting requests add one more. Both policies and the saturation figure use it.
+pub fn load(s: &Sample, queue_norm: f64, running_norm: f64) -> f64 {
+    let busy = match s.kv_usage {
+        Some(kv) => kv,
+        None => s.running / running_norm.max(1e-9),
+    };
+    busy + s.waiting / queue_norm.max(1e-9)
+}
+
+/// Pool saturation for autoscalers: mean over fresh members of `min(1, load)`.
+pub fn saturation(fresh: &BTreeMap<&MemberId, &Sample>, queue_norm: f64, running_norm: f64) -> Option<f64> {
+    if fresh.is_empty() {
+        return None;
+    }
+    let total: f64 = fresh.values().map(|s| load(s, queue_norm, running_norm).min(1.0)).sum();
+    Some(total / fresh.len() as f64)
+}
+
+/// One algorithm's view of a cycle: fresh samples and each member's starting ratio.
+pub struct Inputs<'a> {
+    pub fresh: &'a BTreeMap<&'a MemberId, &'a Sample>,
+    /// Starting ratio per fresh member: its previous ratio, or the pool mean when it is new.
+    pub start: &'a BTreeMap<MemberId, f64>,
+    pub range: RatioRange,
+}
+
+enum Algo {
+    Headroom(headroom::Headroom),
+    Feedback(feedback::Feedback),
+}
+
+/// What a cycle of the policy produced and why.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    pub ratios: Ratios,
+    /// Members that had fresh samples.
+    pub fresh: usize,
+    /// Members without fresh data that kept their previous ratio (within grace).
+    pub held: Vec<MemberId>,
+    /// Members without fresh data (or new) that were given the pool mean.
+    pub defaulted: Vec<MemberId>,
+    /// 0..1, see [`saturation`].
+    pub saturation: Option<f64>,
+}
+
+/// A pool's policy with the rules shared by every algorithm.
+pub struct PoolPolicy {
+    algo: Algo,
+    range: RatioRange,
+    stale_after: Duration,
+    grace_cycles: u32,
+    /// Consecutive cycles each member has gone without fresh data.
+    missing: BTreeMap<MemberId, u32>,
+}
+
+impl PoolPolicy {
+    /// `grace` is converted to whole cycles of `interval`, so the policy itself never reads a clock.
+    pub fn new(cfg: &PolicyConfig, range: RatioRange, stale_after: Duration, grace: Duration, interval: Duration) -> Self {
+        let grace_cycles = if interval.is_zero() {
+            0
+        } else {
+            (grace.as_secs_f64() / interval.as_secs_f64()).ceil() as u32
+        };
+        let algo = match cfg {
+            PolicyConfig::Headroom(p) => Algo::Headroom(headroom::Headroom::new(p.clone())),
+            PolicyConfig::Feedback(p) => Algo::Feedback(feedback::Feedback::new(p.clone())),
+        };
+        PoolPolicy { algo, range, stale_after, grace_cycles, missing: BTreeMap::new() }
+    }
+
+    fn norms(&self) -> (f64, f64) {
+        match &self.algo {
+            Algo::Headroom(h) => (h.params.queue_norm, h.params.running_norm),
+            Algo::Feedback(f) => (f.params.queue_norm, f.params.running_norm),
+        }
+    }
+
+    /// One cycle. `prev` is what the load balancer holds now (or what was last pushed).
+    pub fn compute(&mut self, snap: &Snapshot, prev: &Ratios) -> Outcome {
+        let fresh: BTreeMap<&MemberId, &Sample> = snap
+            .members
+            .iter()
+            .filter_map(|(m, s)| s.as_ref().filter(|s| s.age <= self.stale_after).map(|s| (m, s)))
+            .collect();
+
+        let known_prev: Vec<f64> =
+            snap.members.keys().filter_map(|m| prev.get(m)).map(|r| self.range.clamp(r as f64) as f64).collect();
+        let prev_mean = mean(&known_prev).unwrap_or_else(|| self.range.mid());
+        let start: BTreeMap<MemberId, f64> = fresh
+            .keys()
+            .map(|m| ((*m).clone(), prev.get(m).map(|r| self.range.clamp(r as f64) as f64).unwrap_or(prev_mean)))
+            .collect();
+
+        let inputs = Inputs { fresh: &fresh, start: &start, range: self.range };
+        let computed = match &mut self.algo {
+            Algo::Headroom(h) => h.compute(&inputs),
+            Algo::Feedback(f) => f.compute(&inputs),
+        };
+        let computed_vals: Vec<f64> = computed.values().map(|&r| r as f64).collect();
+        let pool_mean = self.range.clamp(mean(&computed_vals).unwrap_or(prev_mean));
+
+        let mut out = Outcome { fresh: fresh.len(), ..Default::default() };
+        let mut ratios = BTreeMap::new();
+        for m in snap.members.keys() {
+            if let Some(&r) = computed.get(m) {
+                self.missing.remove(m);
+                ratios.insert(m.clone(), self.range.clamp(r as f64));
+                continue;
+            }
+            let n = self.missing.entry(m.clone()).or_insert(0);
+            *n += 1;
+            match prev.get(m) {
+                Some(r) if *n <= self.grace_cycles => {
+                    ratios.insert(m.clone(), self.range.clamp(r as f64));
+                    out.held.push(m.clone());
+                }
+                _ => {
+                    ratios.insert(m.clone(), pool_mean);
+                    out.defaulted.push(m.clone());
+                }
+            }
+        }
+        self.missing.retain(|m, _| snap.members.contains_key(m));
+        if let Algo::Feedback(f) = &mut self.algo {
+            f.forget_except(snap);
+        }
+        let (qn, rn) = self.norms();
+        out.saturation = saturation(&fresh, qn, rn);
+        out.ratios = Ratios(ratios);
+        out
+    }
+}
+
+fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    use super::*;
+
+    pub fn sample(waiting: f64, running: f64, kv: f64) -> Sample {
+        Sample { waiting, running, kv_usage: Some(kv), latency: None, age: Duration::from_secs(1) }
+    }
+
+    pub fn snap(members: &[(&str, Option<Sample>)]) -> Snapshot {
+        Snapshot { members: members.iter().map(|(m, s)| (MemberId::from(*m), s.clone())).collect(), rejected: vec![] }
+    }
+
+    pub fn ratios(rs: &[(&str, u32)]) -> Ratios {
+        rs.iter().map(|(m, r)| (MemberId::from(*m), *r)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testutil::*;
+    use super::*;
+
+    fn policy(cfg: PolicyConfig) -> PoolPolicy {
+        PoolPolicy::new(
+            &cfg,
+            RatioRange { min: 1, max: 100 },
+            Duration::from_secs(30),
+            Duration::from_secs(10),
+            Duration::from_secs(5),
+        )
+    }
+
+    fn both() -> Vec<PolicyConfig> {
+        vec![PolicyConfig::Headroom(Default::default()), PolicyConfig::Feedback(Default::default())]
+    }
+
+    #[test]
+    fn missing_member_holds_for_grace_then_gets_pool_mean() {
+        for cfg in both() {
+            let mut p = policy(cfg);
+            let prev = ratios(&[("a:1", 80), ("b:1", 20), ("c:1", 60)]);
+            let s = snap(&[("a:1", Some(sample(0.0, 4.0, 0.3))), ("b:1", None), ("c:1", Some(sample(0.0, 4.0, 0.3)))]);
+            // grace 10s at 5s interval = 2 cycles held.
+            for cycle in 1..=2 {
+                let o = p.compute(&s, &prev);
+                assert_eq!(o.ratios.get(&MemberId::from("b:1")), Some(20), "cycle {cycle} holds");
+                assert_eq!(o.held, vec![MemberId::from("b:1")]);
+            }
+            let o = p.compute(&s, &prev);
+            let a = o.ratios.get(&MemberId::from("a:1")).expect("a");
+            let c = o.ratios.get(&MemberId::from("c:1")).expect("c");
+            let expect = ((a + c) as f64 / 2.0).round() as u32;
+            assert_eq!(o.ratios.get(&MemberId::from("b:1")), Some(expect), "after grace: pool mean");
+            assert_eq!(o.defaulted, vec![MemberId::from("b:1")]);
+        }
+    }
+
+    #[test]
+    fn stale_sample_counts_as_missing() {
+        for cfg in both() {
+            let mut p = policy(cfg);
+            let mut old = sample(10.0, 4.0, 0.99);
+            old.age = Duration::from_secs(31);
+            let o = p.compute(&snap(&[("a:1", Some(old)), ("b:1", Some(sample(0.0, 1.0, 0.1)))]), &ratios(&[("a:1", 40)]));
+            assert_eq!(o.fresh, 1);
+            assert_eq!(o.ratios.get(&MemberId::from("a:1")), Some(40));
+        }
+    }
+
+    #[test]
+    fn new_member_without_data_starts_at_pool_mean_not_max() {
+        for cfg in both() {
+            let mut p = policy(cfg);
+            let prev = ratios(&[("a:1", 30), ("b:1", 30)]);
+            let s = snap(&[("a:1", Some(sample(1.0, 4.0, 0.5))), ("b:1", Some(sample(1.0, 4.0, 0.5))), ("new:1", None)]);
+            let o = p.compute(&s, &prev);
+            let a = o.ratios.get(&MemberId::from("a:1")).expect("a");
+            assert_eq!(o.ratios.get(&MemberId::from("new:1")), Some(a));
+            assert!(a < 100);
+        }
+    }
+
+    #[test]
+    fn saturation_is_mean_capped_load() {
+        let mut p = policy(PolicyConfig::default());
+        let o = p.compute(&snap(&[("a:1", Some(sample(0.0, 4.0, 0.2))), ("b:1", Some(sample(80.0, 4.0, 0.9)))]), &Ratios::default());
+        assert_eq!(o.saturation, Some(0.6));
+    }
+}

@@ -1,1 +1,298 @@
-//! todo
+//! Metrics sources: where each pool's per-member load samples come from.
+//!
+//! A source answers for several pools at once, so each cycle asks Prometheus once per distinct query
+//! (never once per member) and scrapes each distinct member once. Values are checked here, before any
+//! policy sees them: NaN, infinities, negative numbers and KV usage above 1 are rejected and counted,
+//! and a member without data is absent from the snapshot, never a zero.
+
+pub mod profile;
+pub mod prometheus;
+pub mod scrape;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use llm_lc_adapters::MemberId;
+use regex::Regex;
+use thiserror::Error;
+
+use crate::config::{JoinConfig, SourceConfig};
+use profile::Signal;
+
+/// The load of one member at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Requests queued, not yet scheduled.
+    pub waiting: f64,
+    /// Requests in the running batch.
+    pub running: f64,
+    /// Fraction of the KV cache in use, 0..=1, where the server reports it.
+    pub kv_usage: Option<f64>,
+    /// Mean end-to-end processing time in seconds over the rate window, where known.
+    pub latency: Option<f64>,
+    /// How old the data is: from the Prometheus sample timestamp, or the scrape time.
+    pub age: Duration,
+}
+
+/// One pool's members and their samples; `None` means "no data", which policies treat as such.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub members: BTreeMap<MemberId, Option<Sample>>,
+    /// Values refused on the way in.
+    pub rejected: Vec<Rejected>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejected {
+    pub member: MemberId,
+    pub signal: Signal,
+    pub reason: &'static str,
+    pub value: f64,
+}
+
+#[derive(Debug, Clone, Error)]
+pub enum SourceError {
+    #[error("cannot reach {what}: {detail}")]
+    Unreachable { what: String, detail: String },
+    #[error("{what} answered HTTP {status}: {detail}")]
+    Http { what: String, status: u16, detail: String },
+    #[error("query {query:?} failed: {detail}")]
+    Query { query: String, detail: String },
+    #[error("{what} sent something we cannot read: {detail}")]
+    Malformed { what: String, detail: String },
+    #[error("source configuration: {0}")]
+    Config(String),
+}
+
+impl SourceError {
+    /// Short stable label for the `reason` of the errors counter.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SourceError::Unreachable { .. } => "unreachable",
+            SourceError::Http { .. } => "http",
+            SourceError::Query { .. } => "query",
+            SourceError::Malformed { .. } => "malformed",
+            SourceError::Config(_) => "config",
+        }
+    }
+}
+
+/// How a series label becomes a member id.
+#[derive(Debug, Clone)]
+pub struct Join {
+    pub label: String,
+    rewrite: Option<(Regex, String)>,
+}
+
+impl Join {
+    pub fn new(cfg: &JoinConfig) -> Result<Join, SourceError> {
+        let rewrite = match &cfg.regex {
+            Some(r) => {
+                // Anchored like Prometheus relabelling: the regex must match the whole value.
+                let re = Regex::new(&format!("^(?:{r})$"))
+                    .map_err(|e| SourceError::Config(format!("join.regex: {e}")))?;
+                Some((re, cfg.replacement.clone().unwrap_or_else(|| "$1".into())))
+            }
+            None => None,
+        };
+        Ok(Join { label: cfg.label.clone(), rewrite })
+    }
+
+    /// The member a label value stands for.
+    pub fn member(&self, value: &str) -> MemberId {
+        match &self.rewrite {
+            Some((re, rep)) if re.is_match(value) => MemberId(re.replace(value, rep.as_str()).into_owned()),
+            _ => MemberId(value.to_string()),
+        }
+    }
+}
+
+/// What one pool needs from its source in a cycle.
+#[derive(Debug, Clone)]
+pub struct PoolQuery {
+    pub members: Vec<MemberId>,
+    pub names: profile::MetricNames,
+    /// PromQL per signal (Prometheus sources).
+    pub queries: Vec<(Signal, String)>,
+    pub join: Join,
+}
+
+/// Raw values per signal per member, before validation.
+pub type SignalValues = BTreeMap<Signal, BTreeMap<MemberId, f64>>;
+
+/// Turn raw per-signal values into a checked snapshot for `members`. `age_of` gives each member's age
+/// from its `Timestamp` value (or whatever the source knows).
+pub fn assemble(
+    members: &[MemberId],
+    values: &SignalValues,
+    age_of: impl Fn(&MemberId, Option<f64>) -> Duration,
+) -> Snapshot {
+    let mut snap = Snapshot::default();
+    let get = |s: Signal, m: &MemberId| values.get(&s).and_then(|v| v.get(m)).copied();
+    for m in members {
+        let mut bad = false;
+        let mut check = |signal: Signal, v: Option<f64>, snap: &mut Snapshot| -> Option<f64> {
+            let v = v?;
+            let reason = if v.is_nan() {
+                Some("nan")
+            } else if v.is_infinite() {
+                Some("infinite")
+            } else if v < 0.0 {
+                Some("negative")
+            } else if signal == Signal::KvUsage && v > 1.0 + 1e-9 {
+                Some("kv_above_one")
+            } else {
+                None
+            };
+            match reason {
+                Some(reason) => {
+                    snap.rejected.push(Rejected { member: m.clone(), signal, reason, value: v });
+                    if signal != Signal::Latency {
+                        bad = true;
+                    }
+                    None
+                }
+                None => Some(v),
+            }
+        };
+        let waiting = check(Signal::Waiting, get(Signal::Waiting, m), &mut snap);
+        let running = check(Signal::Running, get(Signal::Running, m), &mut snap);
+        let kv_usage = check(Signal::KvUsage, get(Signal::KvUsage, m), &mut snap);
+        let latency = check(Signal::Latency, get(Signal::Latency, m), &mut snap);
+        // A member with any core signal refused gets no sample at all: a half-valid sample would
+        // look less loaded than it is.
+        let sample = match (waiting, running, bad) {
+            (Some(waiting), Some(running), false) => Some(Sample {
+                waiting,
+                running,
+                kv_usage: kv_usage.map(|k| k.min(1.0)),
+                latency,
+                age: age_of(m, get(Signal::Timestamp, m)),
+            }),
+            _ => None,
+        };
+        snap.members.insert(m.clone(), sample);
+    }
+    snap
+}
+
+/// A configured source, ready to sample.
+pub enum Source {
+    Prometheus(prometheus::PrometheusSource),
+    Scrape(scrape::ScrapeSource),
+}
+
+impl Source {
+    pub fn new(name: &str, cfg: &SourceConfig) -> Result<Source, SourceError> {
+        Ok(match cfg {
+            SourceConfig::Prometheus(c) => Source::Prometheus(prometheus::PrometheusSource::new(name, c)?),
+            SourceConfig::Scrape(c) => Source::Scrape(scrape::ScrapeSource::new(name, c)?),
+        })
+    }
+
+    /// Sample every pool given; one result per pool, in order.
+    pub async fn sample(&self, pools: &[&PoolQuery]) -> Vec<Result<Snapshot, SourceError>> {
+        match self {
+            Source::Prometheus(p) => p.sample(pools).await,
+            Source::Scrape(s) => s.sample(pools).await,
+        }
+    }
+
+    /// Members from `up{selector}` (Prometheus sources only).
+    pub async fn discover(&self, selector: &str, join: &Join) -> Result<Vec<MemberId>, SourceError> {
+        match self {
+            Source::Prometheus(p) => p.discover(selector, join).await,
+            Source::Scrape(_) => Err(SourceError::Config("member discovery needs a prometheus source".into())),
+        }
+    }
+}
+
+/// Build a reqwest client with the TLS and timeout settings shared by both sources.
+pub(crate) fn http_client(
+    timeout: Duration,
+    ca_file: Option<&std::path::Path>,
+    insecure: bool,
+    headers: &BTreeMap<String, String>,
+) -> Result<reqwest::Client, SourceError> {
+    let mut h = reqwest::header::HeaderMap::new();
+    for (k, v) in headers {
+        let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+            .map_err(|e| SourceError::Config(format!("header name {k:?}: {e}")))?;
+        let value = reqwest::header::HeaderValue::from_str(v)
+            .map_err(|e| SourceError::Config(format!("header {k}: {e}")))?;
+        h.insert(name, value);
+    }
+    let mut b = reqwest::Client::builder().timeout(timeout).default_headers(h);
+    if let Some(ca) = ca_file {
+        let pem = std::fs::read(ca)
+            .map_err(|e| SourceError::Config(format!("cannot read CA file {}: {e}", ca.display())))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| SourceError::Config(format!("CA file {} is not a PEM bundle: {e}", ca.display())))?;
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    if insecure {
+        b = b.danger_accept_invalid_certs(true);
+    }
+    b.build().map_err(|e| SourceError::Config(format!("HTTP client: {e}")))
+}
+
+/// The error text of a reqwest failure without the URL (which may carry credentials), with its cause.
+pub(crate) fn describe(e: &reqwest::Error) -> String {
+    use std::error::Error as _;
+    let mut s = if e.is_timeout() { "timed out".to_string() } else { e.to_string() };
+    let mut src = e.source();
+    while let Some(cause) = src {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        src = cause.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(s: &str) -> MemberId {
+        MemberId::from(s)
+    }
+
+    #[test]
+    fn bad_values_are_rejected_and_never_become_samples() {
+        let members = vec![m("a:1"), m("b:1"), m("c:1"), m("d:1"), m("e:1")];
+        let mut values = SignalValues::new();
+        values.insert(
+            Signal::Waiting,
+            [(m("a:1"), 1.0), (m("b:1"), f64::NAN), (m("c:1"), 2.0), (m("d:1"), -1.0)].into_iter().collect(),
+        );
+        values.insert(
+            Signal::Running,
+            [(m("a:1"), 3.0), (m("b:1"), 1.0), (m("c:1"), 1.0), (m("d:1"), 1.0)].into_iter().collect(),
+        );
+        values.insert(Signal::KvUsage, [(m("a:1"), 0.5), (m("c:1"), 1.7)].into_iter().collect());
+        values.insert(Signal::Latency, [(m("a:1"), f64::INFINITY)].into_iter().collect());
+        let snap = assemble(&members, &values, |_, _| Duration::from_secs(1));
+        let a = snap.members[&m("a:1")].as_ref().expect("a is valid");
+        assert_eq!((a.waiting, a.running, a.kv_usage, a.latency), (1.0, 3.0, Some(0.5), None));
+        assert!(snap.members[&m("b:1")].is_none(), "NaN waiting");
+        assert!(snap.members[&m("c:1")].is_none(), "kv above one");
+        assert!(snap.members[&m("d:1")].is_none(), "negative");
+        assert!(snap.members[&m("e:1")].is_none(), "no data is None, not zero");
+        let reasons: Vec<_> = snap.rejected.iter().map(|r| r.reason).collect();
+        assert_eq!(reasons, vec!["infinite", "nan", "kv_above_one", "negative"]);
+    }
+
+    #[test]
+    fn join_rewrites_whole_values_only() {
+        let j = Join::new(&JoinConfig {
+            label: "pod".into(),
+            regex: Some("vllm-(\\d+)".into()),
+            replacement: Some("10.0.0.$1:8000".into()),
+        })
+        .expect("valid");
+        assert_eq!(j.member("vllm-3"), m("10.0.0.3:8000"));
+        assert_eq!(j.member("xvllm-3"), m("xvllm-3"), "unanchored match must not rewrite");
+    }
+}

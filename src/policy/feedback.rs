@@ -1,0 +1,155 @@
+//! `feedback`: an integral controller. Each cycle multiplies every member's ratio by
+//! `(mean load / its load) ^ gain`, so ratios keep moving until load is equal across the pool. Servers
+//! of different speed end at capacity-proportional shares: a half-speed GPU that receives half the
+//! traffic carries the same load as the others, and then nothing changes.
+//!
+//! What keeps it calm: loads are smoothed (EWMA), each cycle's change is limited (`max_step`), ratios
+//! are rescaled so the pool mean sits at the middle of the range (nothing winds up against a bound),
+//! and a change smaller than `deadband` (relative) is not pushed at all. When the whole pool is idle
+//! there is nothing to learn from, and every member gets the same ratio.
+
+use std::collections::BTreeMap;
+
+use llm_lc_adapters::MemberId;
+use serde::Deserialize;
+
+use super::{load, Inputs};
+use crate::source::Snapshot;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FeedbackParams {
+    /// Exponent of the correction per cycle: 0 never moves, 1 corrects the whole imbalance at once.
+    pub gain: f64,
+    /// Weight of the newest load observation in the EWMA (1 = no smoothing).
+    pub smoothing: f64,
+    /// Largest relative change of a ratio in one cycle (0.25 = at most 25% up or ~20% down).
+    pub max_step: f64,
+    /// Relative changes smaller than this keep the previous ratio (nothing is pushed).
+    pub deadband: f64,
+    /// Waiting requests that weigh as much as a full KV cache.
+    pub queue_norm: f64,
+    /// Running requests that count as a full batch, for servers that publish no KV usage.
+    pub running_norm: f64,
+    /// Below this load on every member the pool counts as idle: all ratios equal.
+    pub idle_load: f64,
+}
+
+impl Default for FeedbackParams {
+    fn default() -> Self {
+        FeedbackParams {
+            gain: 0.5,
+            smoothing: 0.5,
+            max_step: 0.25,
+            deadband: 0.05,
+            queue_norm: 8.0,
+            running_norm: 64.0,
+            idle_load: 0.02,
+        }
+    }
+}
+
+impl FeedbackParams {
+    pub fn validate(&self) -> Vec<(String, String)> {
+        let mut e = Vec::new();
+        let mut check = |ok: bool, f: &str, m: &str| {
+            if !ok {
+                e.push((f.to_string(), m.to_string()));
+            }
+        };
+        check(self.gain > 0.0 && self.gain <= 2.0, "gain", "must be in (0, 2]");
+        check(self.smoothing > 0.0 && self.smoothing <= 1.0, "smoothing", "must be in (0, 1]");
+        check(self.max_step > 0.0 && self.max_step.is_finite(), "max_step", "must be > 0");
+        check((0.0..1.0).contains(&self.deadband), "deadband", "must be in [0, 1)");
+        check(self.queue_norm > 0.0 && self.queue_norm.is_finite(), "queue_norm", "must be > 0");
+        check(self.running_norm > 0.0 && self.running_norm.is_finite(), "running_norm", "must be > 0");
+        check(self.idle_load >= 0.0 && self.idle_load.is_finite(), "idle_load", "must be >= 0");
+        e
+    }
+}
+
+pub struct Feedback {
+    pub params: FeedbackParams,
+    /// Unrounded ratios, so small corrections accumulate instead of vanishing in rounding/deadband.
+    level: BTreeMap<MemberId, f64>,
+    /// Smoothed load per member.
+    smoothed: BTreeMap<MemberId, f64>,
+    /// What this policy last output per member (for the deadband).
+    last: BTreeMap<MemberId, u32>,
+}
+
+impl Feedback {
+    pub fn new(params: FeedbackParams) -> Self {
+        Feedback { params, level: BTreeMap::new(), smoothed: BTreeMap::new(), last: BTreeMap::new() }
+    }
+
+    /// Drop the memory of members that left the pool.
+    pub fn forget_except(&mut self, snap: &Snapshot) {
+        self.level.retain(|m, _| snap.members.contains_key(m));
+        self.smoothed.retain(|m, _| snap.members.contains_key(m));
+        self.last.retain(|m, _| snap.members.contains_key(m));
+    }
+
+    pub fn compute(&mut self, input: &Inputs<'_>) -> BTreeMap<MemberId, u32> {
+        let p = &self.params;
+        if input.fresh.is_empty() {
+            return BTreeMap::new();
+        }
+        let range = input.range;
+        let target_mean = range.mid();
+        let mut loads = BTreeMap::new();
+        for (m, s) in input.fresh {
+            let l = load(s, p.queue_norm, p.running_norm);
+            let smoothed = match self.smoothed.get(*m) {
+                Some(old) => p.smoothing * l + (1.0 - p.smoothing) * old,
+                None => l,
+            };
+            self.smoothed.insert((*m).clone(), smoothed);
+            loads.insert(*m, smoothed);
+        }
+        let start = |m: &MemberId| -> f64 {
+            self.level.get(m).copied().or_else(|| input.start.get(m).copied()).unwrap_or(target_mean)
+        };
+
+        let mut next: BTreeMap<MemberId, f64> = BTreeMap::new();
+        let idle = loads.values().all(|&l| l < p.idle_load);
+        if idle {
+            for m in loads.keys() {
+                next.insert((*m).clone(), target_mean);
+            }
+        } else {
+            let mean_load = loads.values().sum::<f64>() / loads.len() as f64;
+            // A small floor keeps an idle member in a busy pool from producing an infinite factor.
+            let eps = p.idle_load.max(1e-3);
+            let (lo, hi) = (1.0 / (1.0 + p.max_step), 1.0 + p.max_step);
+            for (m, l) in &loads {
+                let factor = ((mean_load + eps) / (l + eps)).powf(p.gain).clamp(lo, hi);
+                next.insert((*m).clone(), start(m) * factor);
+            }
+            // Rescale so the pool mean sits mid-range: shares are relative, and a fixed mean keeps
+            // every member away from the bounds (no windup) and the numbers stable between cycles.
+            let mean_next = next.values().sum::<f64>() / next.len() as f64;
+            if mean_next > 0.0 {
+                for v in next.values_mut() {
+                    *v = (*v * target_mean / mean_next).clamp(range.min as f64, range.max as f64);
+                }
+            }
+        }
+
+        let mut out = BTreeMap::new();
+        for (m, v) in next {
+            let candidate = range.clamp(v);
+            // An idle pool must come out exactly equal, so the deadband does not apply there.
+            let r = match self.last.get(&m).copied() {
+                Some(prev) if !idle && prev > 0 && ((candidate as f64 - prev as f64).abs() / prev as f64) < p.deadband => {
+                    prev
+                }
+                _ => candidate,
+            };
+            self.level.insert(m.clone(), v);
+            self.last.insert(m.clone(), r);
+            out.insert(m, r);
+        }
+        out
+    }
+}

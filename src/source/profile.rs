@@ -1,0 +1,260 @@
+//! Server profiles: which metric names carry each load signal for each model server, and the PromQL
+//! the Prometheus source runs for them.
+//!
+//! Aggregation per server follows what the numbers mean: queue lengths and running requests add up
+//! over vLLM's data-parallel `engine` series; KV usage is averaged (each engine has its own cache);
+//! mean processing time is rate(sum)/rate(count) of the end-to-end latency histogram.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The model servers we know the metric names of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProfileName {
+    /// vLLM v1 (0.11 and later); also reads `vllm:gpu_cache_usage_perc` where only that exists.
+    #[default]
+    Vllm,
+    /// vLLM before 0.11 (`vllm:gpu_cache_usage_perc`).
+    VllmLegacy,
+    Sglang,
+    Trtllm,
+    Nim,
+    Tgi,
+    /// No built-in names: everything comes from `metrics` or `queries`.
+    Custom,
+}
+
+/// Metric names per signal, replacing the profile's.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricOverrides {
+    pub waiting: Option<String>,
+    pub running: Option<String>,
+    pub kv_usage: Option<String>,
+    /// Base name of a latency histogram (without `_sum`/`_count`).
+    pub latency_histogram: Option<String>,
+}
+
+/// Raw PromQL per signal, replacing the generated query. Each must return one series per member,
+/// aggregated `by` the join label.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryOverrides {
+    pub waiting: Option<String>,
+    pub running: Option<String>,
+    pub kv_usage: Option<String>,
+    /// Mean processing time in seconds.
+    pub latency: Option<String>,
+}
+
+impl QueryOverrides {
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_none() && self.running.is_none() && self.kv_usage.is_none() && self.latency.is_none()
+    }
+}
+
+/// Metric names for each signal after overrides. Several names mean "whichever exists", first wins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricNames {
+    pub waiting: Vec<String>,
+    pub running: Vec<String>,
+    pub kv_usage: Vec<String>,
+    pub latency_histogram: Vec<String>,
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+impl ProfileName {
+    pub fn metric_names(self) -> MetricNames {
+        let (w, r, kv, lat): (&[&str], &[&str], &[&str], &[&str]) = match self {
+            ProfileName::Vllm => (
+                &["vllm:num_requests_waiting"],
+                &["vllm:num_requests_running"],
+                &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+                &["vllm:e2e_request_latency_seconds"],
+            ),
+            ProfileName::VllmLegacy => (
+                &["vllm:num_requests_waiting"],
+                &["vllm:num_requests_running"],
+                &["vllm:gpu_cache_usage_perc"],
+                &["vllm:e2e_request_latency_seconds"],
+            ),
+            ProfileName::Sglang => (
+                &["sglang:num_queue_reqs"],
+                &["sglang:num_running_reqs"],
+                &["sglang:token_usage"],
+                &["sglang:e2e_request_latency_seconds"],
+            ),
+            ProfileName::Trtllm => (
+                &["trtllm_num_requests_waiting"],
+                &["trtllm_num_requests_running"],
+                &["trtllm_kv_cache_utilization"],
+                &["trtllm_e2e_request_latency_seconds"],
+            ),
+            ProfileName::Nim => (
+                &["num_requests_waiting"],
+                &["num_requests_running"],
+                &["gpu_cache_usage_perc"],
+                &["e2e_request_latency_seconds"],
+            ),
+            ProfileName::Tgi => (&["tgi_queue_size"], &["tgi_batch_current_size"], &[], &["tgi_request_duration"]),
+            ProfileName::Custom => (&[], &[], &[], &[]),
+        };
+        MetricNames { waiting: names(w), running: names(r), kv_usage: names(kv), latency_histogram: names(lat) }
+    }
+
+    /// The profile's names with per-signal overrides applied.
+    pub fn resolve(self, o: &MetricOverrides) -> MetricNames {
+        let mut n = self.metric_names();
+        let set = |slot: &mut Vec<String>, v: &Option<String>| {
+            if let Some(v) = v {
+                *slot = vec![v.clone()];
+            }
+        };
+        set(&mut n.waiting, &o.waiting);
+        set(&mut n.running, &o.running);
+        set(&mut n.kv_usage, &o.kv_usage);
+        set(&mut n.latency_histogram, &o.latency_histogram);
+        n
+    }
+}
+
+/// One load signal of a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Signal {
+    Waiting,
+    Running,
+    KvUsage,
+    Latency,
+    /// Unix time of the newest raw sample behind `Waiting`: gives the sample's age.
+    Timestamp,
+}
+
+impl Signal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Signal::Waiting => "waiting",
+            Signal::Running => "running",
+            Signal::KvUsage => "kv_usage",
+            Signal::Latency => "latency",
+            Signal::Timestamp => "timestamp",
+        }
+    }
+}
+
+/// The PromQL for each signal of a pool, given its names, overrides, join label and selector.
+pub fn promql(
+    names: &MetricNames,
+    overrides: &QueryOverrides,
+    join_label: &str,
+    selector: Option<&str>,
+    rate_window: Duration,
+) -> Vec<(Signal, String)> {
+    let sel = |metric: &str| match selector {
+        Some(s) if !s.trim().is_empty() => format!("{metric}{{{s}}}"),
+        _ => metric.to_string(),
+    };
+    // `a or b`: the first name's series where it exists, the second's elsewhere. Lets one profile read
+    // servers on both sides of a metric rename without double counting.
+    let either = |agg: &str, list: &[String]| -> Option<String> {
+        let parts: Vec<String> = list.iter().map(|m| format!("{agg} by ({join_label}) ({})", sel(m))).collect();
+        (!parts.is_empty()).then(|| parts.join(" or "))
+    };
+    let window = humantime::format_duration(rate_window).to_string().replace(' ', "");
+    let mut out = Vec::new();
+    if let Some(q) = overrides.waiting.clone().or_else(|| either("sum", &names.waiting)) {
+        out.push((Signal::Waiting, q));
+    }
+    if let Some(q) = overrides.running.clone().or_else(|| either("sum", &names.running)) {
+        out.push((Signal::Running, q));
+    }
+    if let Some(q) = overrides.kv_usage.clone().or_else(|| either("avg", &names.kv_usage)) {
+        out.push((Signal::KvUsage, q));
+    }
+    let latency = overrides.latency.clone().or_else(|| {
+        let parts: Vec<String> = names
+            .latency_histogram
+            .iter()
+            .map(|h| {
+                // `> 0` drops servers that finished nothing in the window, instead of dividing by zero.
+                format!(
+                    "sum by ({join_label}) (rate({}[{window}])) / (sum by ({join_label}) (rate({}[{window}])) > 0)",
+                    sel(&format!("{h}_sum")),
+                    sel(&format!("{h}_count"))
+                )
+            })
+            .collect();
+        (!parts.is_empty()).then(|| parts.join(" or "))
+    });
+    if let Some(q) = latency {
+        out.push((Signal::Latency, q));
+    }
+    // The sample age comes from the raw series' own timestamp; an overridden query has no raw series
+    // we can name, and its age is then the evaluation time (zero).
+    if overrides.waiting.is_none() {
+        if let Some(first) = names.waiting.first() {
+            out.push((Signal::Timestamp, format!("max by ({join_label}) (timestamp({}))", sel(first))));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vllm_queries_aggregate_by_join_label_and_accept_both_kv_names() {
+        let q = promql(
+            &ProfileName::Vllm.metric_names(),
+            &QueryOverrides::default(),
+            "instance",
+            Some("job=\"vllm\""),
+            Duration::from_secs(60),
+        );
+        let get = |s: Signal| q.iter().find(|(x, _)| *x == s).map(|(_, q)| q.as_str()).expect("signal");
+        assert_eq!(get(Signal::Waiting), "sum by (instance) (vllm:num_requests_waiting{job=\"vllm\"})");
+        assert_eq!(
+            get(Signal::KvUsage),
+            "avg by (instance) (vllm:kv_cache_usage_perc{job=\"vllm\"}) or avg by (instance) (vllm:gpu_cache_usage_perc{job=\"vllm\"})"
+        );
+        assert!(get(Signal::Latency).contains("rate(vllm:e2e_request_latency_seconds_sum{job=\"vllm\"}[1m])"));
+        assert_eq!(get(Signal::Timestamp), "max by (instance) (timestamp(vllm:num_requests_waiting{job=\"vllm\"}))");
+    }
+
+    #[test]
+    fn tgi_has_no_kv_signal() {
+        let q = promql(
+            &ProfileName::Tgi.metric_names(),
+            &QueryOverrides::default(),
+            "pod",
+            None,
+            Duration::from_secs(30),
+        );
+        assert!(q.iter().all(|(s, _)| *s != Signal::KvUsage));
+        assert!(q.iter().any(|(s, q)| *s == Signal::Waiting && q == "sum by (pod) (tgi_queue_size)"));
+    }
+
+    #[test]
+    fn overrides_replace_names_and_queries() {
+        let names = ProfileName::Custom.resolve(&MetricOverrides {
+            waiting: Some("my_queue".into()),
+            running: Some("my_running".into()),
+            ..Default::default()
+        });
+        let q = promql(
+            &names,
+            &QueryOverrides { kv_usage: Some("my_kv_query".into()), ..Default::default() },
+            "instance",
+            None,
+            Duration::from_secs(60),
+        );
+        assert!(q.contains(&(Signal::Waiting, "sum by (instance) (my_queue)".to_string())));
+        assert!(q.contains(&(Signal::KvUsage, "my_kv_query".to_string())));
+        assert!(q.iter().all(|(s, _)| *s != Signal::Latency));
+    }
+}
