@@ -1,1 +1,327 @@
-//! (being built)
+//! A real HAProxy (the Debian build at `/usr/sbin/haproxy`, or `$HAPROXY_BIN`) started on free loopback
+//! ports with a generated config in a temp dir, stopped and restarted on demand, killed on drop.
+//!
+//! Configs are templates. The launcher fills in:
+//! - `{{STATS_SOCKETS}}`: three runtime-API sockets: an admin unix socket, an admin TCP port, and a
+//!   `level user` unix socket (for permission tests). Put it in the `global` section.
+//! - `{{ADMIN_SOCKET}}`, `{{USER_SOCKET}}`, `{{ADMIN_PORT}}`, `{{DIR}}`: the pieces, if you want your own lines.
+//! - `{{PORT:name}}`: a free loopback port, the same one for every use of `name` (read it back with
+//!   [`Haproxy::port`]). Use it for `bind` lines.
+//!
+//! [`standard_config`] wraps backend/frontend sections with a `global` and `defaults` that fit tests.
+//!
+//! This is test support: failures panic with HAProxy's own output so the test log shows why.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::ports::free_port;
+
+/// How long HAProxy gets to open its runtime socket after being spawned.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `global` + `defaults` suited to tests (HTTP mode, short timeouts, one thread), then `body`.
+pub fn standard_config(body: &str) -> String {
+    format!(
+        "global\n    {{{{STATS_SOCKETS}}}}\n    nbthread 1\n\ndefaults\n    mode http\n    timeout connect 2s\n    \
+         timeout client 10s\n    timeout server 10s\n    timeout check 2s\n\n{body}\n"
+    )
+}
+
+/// A running (or stopped, between [`Haproxy::stop`] and [`Haproxy::start_again`]) HAProxy.
+pub struct Haproxy {
+    dir: tempfile::TempDir,
+    config: String,
+    cfg_path: PathBuf,
+    log_path: PathBuf,
+    admin_socket: PathBuf,
+    user_socket: PathBuf,
+    admin_port: u16,
+    ports: BTreeMap<String, u16>,
+    child: Option<Child>,
+}
+
+/// The binary to run: `$HAPROXY_BIN`, else the Debian path, else `haproxy` on PATH.
+pub fn binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("HAPROXY_BIN") {
+        return PathBuf::from(p);
+    }
+    let debian = Path::new("/usr/sbin/haproxy");
+    if debian.exists() {
+        debian.to_path_buf()
+    } else {
+        PathBuf::from("haproxy")
+    }
+}
+
+impl Haproxy {
+    /// Fill in the template's placeholders, check the config with `haproxy -c`, start HAProxy in the
+    /// foreground and wait until its admin socket answers.
+    pub async fn start(template: &str) -> Haproxy {
+        let dir =
+            tempfile::Builder::new().prefix("haproxy-").tempdir().expect("create a temp dir for HAProxy");
+        let admin_socket = dir.path().join("admin.sock");
+        let user_socket = dir.path().join("user.sock");
+        let admin_port = free_port();
+        let mut ports = BTreeMap::new();
+        let config = fill(template, dir.path(), &admin_socket, &user_socket, admin_port, &mut ports);
+        let cfg_path = dir.path().join("haproxy.cfg");
+        std::fs::write(&cfg_path, &config).expect("write haproxy.cfg");
+        let log_path = dir.path().join("haproxy.log");
+
+        let check =
+            Command::new(binary()).arg("-c").arg("-f").arg(&cfg_path).output().expect("run haproxy -c");
+        if !check.status.success() {
+            panic!(
+                "HAProxy rejected the generated config:\n{}\n{}\n--- config ---\n{config}",
+                String::from_utf8_lossy(&check.stdout),
+                String::from_utf8_lossy(&check.stderr)
+            );
+        }
+
+        let mut h = Haproxy {
+            dir,
+            config,
+            cfg_path,
+            log_path,
+            admin_socket,
+            user_socket,
+            admin_port,
+            ports,
+            child: None,
+        };
+        h.start_again().await;
+        h
+    }
+
+    /// Start the same config again after [`Haproxy::stop`]. Same sockets, same ports; runtime weights
+    /// are gone, as after any real restart.
+    pub async fn start_again(&mut self) {
+        assert!(self.child.is_none(), "HAProxy is already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .expect("open the HAProxy log file");
+        let log2 = log.try_clone().expect("clone the HAProxy log handle");
+        // -db: stay in the foreground so the child is HAProxy itself and killing it stops it.
+        let child = Command::new(binary())
+            .arg("-db")
+            .arg("-f")
+            .arg(&self.cfg_path)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .expect("spawn haproxy");
+        self.child = Some(child);
+        self.wait_ready().await;
+    }
+
+    /// Kill HAProxy (SIGKILL) and reap it. The unix socket file may remain; nothing listens on it.
+    pub async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // A stale socket file would make "connection refused" look different from "no such file";
+        // removing it gives the error a real outage gives after a host restart.
+        let _ = std::fs::remove_file(&self.admin_socket);
+        let _ = std::fs::remove_file(&self.user_socket);
+    }
+
+    /// Stop and start again: every runtime change (weights) is lost.
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        self.start_again().await;
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("HAProxy exited during start-up ({status}):\n{}", self.log());
+                }
+            }
+            if let Ok(reply) = raw_command(&self.admin_socket, "show info").await {
+                if reply.contains("Pid:") {
+                    return;
+                }
+            }
+            if Instant::now() >= deadline {
+                panic!("HAProxy did not open its admin socket within {READY_TIMEOUT:?}:\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// What HAProxy printed so far (warnings, alerts).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Runtime API address for the sink, admin level: `unix:/tmp/.../admin.sock`.
+    pub fn runtime_address(&self) -> String {
+        format!("unix:{}", self.admin_socket.display())
+    }
+
+    /// Runtime API address for the sink over TCP, admin level: `127.0.0.1:PORT`.
+    pub fn runtime_tcp_address(&self) -> String {
+        format!("127.0.0.1:{}", self.admin_port)
+    }
+
+    /// Runtime API address of the `level user` socket (reads work, `set` answers "Permission denied").
+    pub fn user_runtime_address(&self) -> String {
+        format!("unix:{}", self.user_socket.display())
+    }
+
+    pub fn admin_socket(&self) -> &Path {
+        &self.admin_socket
+    }
+
+    pub fn admin_port(&self) -> u16 {
+        self.admin_port
+    }
+
+    /// The port chosen for `{{PORT:name}}`. Panics if the template did not use that name.
+    pub fn port(&self, name: &str) -> u16 {
+        *self.ports.get(name).unwrap_or_else(|| panic!("the HAProxy template has no {{{{PORT:{name}}}}}"))
+    }
+
+    /// The config HAProxy runs, placeholders filled in.
+    pub fn config(&self) -> &str {
+        &self.config
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// PID of the running HAProxy, if running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Send one runtime-API line over the admin socket and return the raw reply. Written independently
+    /// of the adapter's client so tests check the adapter against HAProxy, not against itself.
+    pub async fn command(&self, cmd: &str) -> String {
+        raw_command(&self.admin_socket, cmd)
+            .await
+            .unwrap_or_else(|e| panic!("runtime API command {cmd:?} failed: {e}\n{}", self.log()))
+    }
+
+    /// Current and initial weight of `backend/server`, from `get weight`.
+    pub async fn weight(&self, backend: &str, server: &str) -> (u32, u32) {
+        let reply = self.command(&format!("get weight {backend}/{server}")).await;
+        parse_get_weight(&reply).unwrap_or_else(|| panic!("unexpected `get weight` reply: {reply:?}"))
+    }
+
+    /// `srv_name -> srv_uweight` of one backend, from `show servers state`.
+    pub async fn state_weights(&self, backend: &str) -> BTreeMap<String, u32> {
+        let reply = self.command(&format!("show servers state {backend}")).await;
+        let mut lines = reply.lines();
+        let header: Vec<&str> = lines
+            .find(|l| l.starts_with("# "))
+            .unwrap_or_else(|| panic!("no header in `show servers state`: {reply:?}"))
+            .trim_start_matches("# ")
+            .split(' ')
+            .collect();
+        let col = |name: &str| header.iter().position(|h| *h == name).expect("column in show servers state");
+        let (name_i, w_i) = (col("srv_name"), col("srv_uweight"));
+        lines
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                (f[name_i].to_string(), f[w_i].parse().expect("numeric srv_uweight"))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `"10 (initial 100)\n\n"` -> `(10, 100)`.
+pub fn parse_get_weight(reply: &str) -> Option<(u32, u32)> {
+    let line = reply.lines().next()?;
+    let (cur, rest) = line.split_once(" (initial ")?;
+    Some((cur.trim().parse().ok()?, rest.trim_end_matches(')').trim().parse().ok()?))
+}
+
+async fn raw_command(socket: &Path, cmd: &str) -> std::io::Result<String> {
+    let exchange = async {
+        let mut s = tokio::net::UnixStream::connect(socket).await?;
+        s.write_all(format!("{cmd}\n").as_bytes()).await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok(out)
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange).await.unwrap_or_else(|_| {
+        Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "runtime API did not answer"))
+    })
+}
+
+fn fill(
+    template: &str,
+    dir: &Path,
+    admin_socket: &Path,
+    user_socket: &Path,
+    admin_port: u16,
+    ports: &mut BTreeMap<String, u16>,
+) -> String {
+    let sockets = format!(
+        "stats socket {} mode 600 level admin\n    stats socket ipv4@127.0.0.1:{admin_port} level admin\n    \
+         stats socket {} mode 600 level user",
+        admin_socket.display(),
+        user_socket.display()
+    );
+    let mut text = template
+        .replace("{{STATS_SOCKETS}}", &sockets)
+        .replace("{{ADMIN_SOCKET}}", &admin_socket.display().to_string())
+        .replace("{{USER_SOCKET}}", &user_socket.display().to_string())
+        .replace("{{ADMIN_PORT}}", &admin_port.to_string())
+        .replace("{{DIR}}", &dir.display().to_string());
+    while let Some(start) = text.find("{{PORT:") {
+        let end =
+            text[start..].find("}}").map(|e| start + e).expect("unterminated {{PORT:name}} in template");
+        let name = text[start + 7..end].to_string();
+        let port = *ports.entry(name).or_insert_with(free_port);
+        text.replace_range(start..end + 2, &port.to_string());
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_filled_and_named_ports_repeat() {
+        let mut ports = BTreeMap::new();
+        let t = "{{STATS_SOCKETS}}\nbind 127.0.0.1:{{PORT:fe}}\nx {{PORT:fe}} {{PORT:other}}";
+        let out = fill(t, Path::new("/d"), Path::new("/d/a.sock"), Path::new("/d/u.sock"), 9, &mut ports);
+        assert!(out.contains("stats socket /d/a.sock mode 600 level admin"));
+        assert!(out.contains("ipv4@127.0.0.1:9 level admin"));
+        assert!(!out.contains("{{"));
+        let fe = ports["fe"];
+        assert_eq!(out.matches(&fe.to_string()).count(), 2);
+        assert_ne!(ports["fe"], ports["other"]);
+    }
+
+    #[test]
+    fn get_weight_reply() {
+        assert_eq!(parse_get_weight("10 (initial 100)\n\n"), Some((10, 100)));
+        assert_eq!(parse_get_weight("No such server.\n\n"), None);
+    }
+}
