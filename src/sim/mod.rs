@@ -1,6 +1,7 @@
 //! Simulated vLLM fleet: a pure engine model and live OpenAI-compatible servers around it.
 
 pub mod engine;
+pub mod metrics;
 pub mod profile;
 
 use clap::Args;
