@@ -1,0 +1,122 @@
+//! Filesystem EDS: the assignment as a `DiscoveryResponse` JSON file in a directory Envoy watches
+//! (`path_config_source` with `watched_directory`).
+//!
+//! Envoy reloads only when a file is moved into the watched directory, so every write goes to a
+//! temporary file in the same directory (same filesystem, so the rename is atomic), is fsynced, and
+//! is renamed over the target; the directory is fsynced so the rename survives a crash. A file whose
+//! content would not change is not rewritten, so Envoy is not made to reload every control cycle.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::assignment::Assignment;
+use super::wire::{ClusterLoadAssignment, DiscoveryResponse, CLA_TYPE_URL};
+
+/// The file Envoy reads and how to write it.
+#[derive(Debug, Clone)]
+pub struct EdsFile {
+    pub dir: PathBuf,
+    pub path: PathBuf,
+}
+
+impl EdsFile {
+    pub fn new(dir: &Path, file_name: &str) -> Self {
+        EdsFile { dir: dir.to_path_buf(), path: dir.join(file_name) }
+    }
+
+    /// The bytes written for an assignment: a pretty-printed `DiscoveryResponse`, newline-terminated.
+    pub fn render(a: &Assignment) -> Vec<u8> {
+        let resp = DiscoveryResponse {
+            version_info: a.version.clone(),
+            resources: vec![a.cla.clone()],
+            type_url: CLA_TYPE_URL.to_string(),
+        };
+        // Plain structs of strings and integers always serialize.
+        let mut bytes = serde_json::to_vec_pretty(&resp).unwrap_or_default();
+        bytes.push(b'\n');
+        bytes
+    }
+
+    /// Write the assignment unless the file already holds exactly it. Returns whether it wrote.
+    pub fn write(&self, a: &Assignment) -> std::io::Result<bool> {
+        let bytes = Self::render(a);
+        if std::fs::read(&self.path).map(|old| old == bytes).unwrap_or(false) {
+            return Ok(false);
+        }
+        let name = self.path.file_name().and_then(|n| n.to_str()).unwrap_or("eds.json");
+        // A dot-name Envoy ignores (it watches for moves onto its file), unique per process.
+        let tmp = self.dir.join(format!(".{name}.tmp-{}", std::process::id()));
+        let result = (|| {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            drop(f);
+            std::fs::rename(&tmp, &self.path)?;
+            // Persist the rename itself. Opening a directory for fsync works on Linux and macOS.
+            if let Ok(d) = std::fs::File::open(&self.dir) {
+                let _ = d.sync_all();
+            }
+            Ok(true)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// The assignment for `cluster` in the file now; `Ok(None)` when there is no file.
+    pub fn read(&self, cluster: &str) -> Result<Option<ClusterLoadAssignment>, String> {
+        let bytes = match std::fs::read(&self.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("cannot read {}: {e}", self.path.display())),
+        };
+        let resp: DiscoveryResponse = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{} is not a JSON DiscoveryResponse: {e}", self.path.display()))?;
+        Ok(resp.resources.into_iter().find(|r| r.cluster_name == cluster))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::assignment::{build, Resolved};
+    use super::*;
+    use crate::MemberId;
+
+    fn a(w: u32) -> Assignment {
+        let r = Resolved {
+            member: MemberId::from("10.0.0.1:80"),
+            addr: "10.0.0.1:80".parse().unwrap(),
+            hostname: None,
+        };
+        build("vllm", &[(r, w)]).unwrap().0
+    }
+
+    #[test]
+    fn writes_by_rename_and_skips_identical_content() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = EdsFile::new(dir.path(), "vllm.json");
+        assert_eq!(f.read("vllm").unwrap(), None);
+        assert!(f.write(&a(3)).unwrap());
+        let ino = std::fs::metadata(&f.path).unwrap().ino();
+        assert!(!f.write(&a(3)).unwrap(), "same content is not rewritten");
+        assert_eq!(std::fs::metadata(&f.path).unwrap().ino(), ino);
+        assert!(f.write(&a(4)).unwrap());
+        assert_ne!(std::fs::metadata(&f.path).unwrap().ino(), ino, "a new file was renamed into place");
+        let back = f.read("vllm").unwrap().unwrap();
+        assert_eq!(back.endpoints[0].lb_endpoints[0].load_balancing_weight, 4);
+        assert_eq!(f.read("other").unwrap(), None);
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1, "no temp file left behind: {names:?}");
+    }
+
+    #[test]
+    fn unreadable_content_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = EdsFile::new(dir.path(), "vllm.json");
+        std::fs::write(&f.path, "not json").unwrap();
+        let err = f.read("vllm").unwrap_err();
+        assert!(err.contains("not a JSON DiscoveryResponse"), "{err}");
+    }
+}
