@@ -26,6 +26,8 @@
 //! - while [`Engine::has_work`]: [`Engine::step`] (allocates the event vector) or
 //!   [`Engine::step_into`] (reuses the caller's vector: no allocation per step in steady state).
 //!   Events take effect at the *end* of the step, `duration_s` after it starts.
+//! - Events: [`EngineEvent::Scheduled`] (first admission, stamped at the step's start),
+//!   `FirstToken`, `Token`, `Finished`, `Preempted` (stamped at the step's end).
 //! - [`Engine::stats`] for gauges and counters (waiting, running, KV usage, preemptions, tokens).
 
 use std::collections::{HashMap, VecDeque};
@@ -78,6 +80,9 @@ impl FinishReason {
 /// Something that happened to a request at the end of a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineEvent {
+    /// The request entered the batch for the first time (not after a preemption). Unlike the
+    /// others, this one is stamped at the *start* of the step: its queue time ends there.
+    Scheduled { id: u64 },
     /// The prefill finished and the first output token exists.
     FirstToken { id: u64 },
     /// One more output token (not emitted for the first token, nor when token events are off).
@@ -165,6 +170,7 @@ struct Seq {
     generated: u32,
     blocks: u32,
     live: bool,
+    scheduled_once: bool,
 }
 
 /// The engine of one replica. See the module doc.
@@ -279,6 +285,7 @@ impl Engine {
             generated: 0,
             blocks: 0,
             live: true,
+            scheduled_once: false,
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -393,7 +400,12 @@ impl Engine {
                 let new = (seq.num_tokens - seq.computed).min(budget);
                 self.waiting.pop_front();
                 self.free_blocks -= need;
-                self.slots[slot as usize].blocks = need;
+                let seq = &mut self.slots[slot as usize];
+                seq.blocks = need;
+                if !seq.scheduled_once {
+                    seq.scheduled_once = true;
+                    events.push(EngineEvent::Scheduled { id: seq.id });
+                }
                 self.running.push(slot);
                 self.sched.push((slot, new));
                 budget -= new;
@@ -503,7 +515,8 @@ mod tests {
         let mut e = tiny();
         e.add_request(EngineRequest::new(7, 100, 5)).unwrap();
         let (_, ev) = drain(&mut e);
-        assert_eq!(ev[0], EngineEvent::FirstToken { id: 7 });
+        assert_eq!(ev[0], EngineEvent::Scheduled { id: 7 });
+        assert_eq!(ev[1], EngineEvent::FirstToken { id: 7 });
         assert_eq!(ev.iter().filter(|x| matches!(x, EngineEvent::Token { .. })).count(), 4);
         assert_eq!(
             *ev.last().unwrap(),
@@ -624,7 +637,7 @@ mod tests {
         e.set_token_events(false);
         e.add_request(EngineRequest::new(1, 10, 50)).unwrap();
         let (_, ev) = drain(&mut e);
-        assert_eq!(ev.len(), 2);
+        assert_eq!(ev.len(), 3); // scheduled, first token, finished
     }
 
     #[test]
