@@ -1,0 +1,199 @@
+//! What one push must change: desired ratios matched to the pool's members, compared with what the
+//! BIG-IP has, clamped into its range. Pure: no I/O, so every rule is unit-tested here.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::names::{endpoint_of_id, endpoint_of_member, Endpoint};
+use super::wire::Member;
+use crate::{MemberId, Ratios};
+
+/// BIG-IP's pool member ratio range.
+pub const WIRE_MIN: u32 = 1;
+pub const WIRE_MAX: u32 = 65_535;
+
+/// One member whose ratio must change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub id: MemberId,
+    pub partition: String,
+    pub name: String,
+    pub from: u32,
+    pub to: u32,
+}
+
+impl Change {
+    /// The member as BIG-IP names it, for messages: `/Common/10.1.1.1:80`.
+    pub fn full_path(&self) -> String {
+        format!("/{}/{}", self.partition, self.name)
+    }
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub changes: Vec<Change>,
+    pub unchanged: usize,
+    /// Desired members the pool does not have (reported, not fatal).
+    pub missing: Vec<String>,
+    /// Pool members the controller gave no ratio (reported, not fatal).
+    pub unmanaged: Vec<String>,
+    /// Values clamped into 1..=65535.
+    pub clamped: Vec<String>,
+}
+
+impl Plan {
+    pub fn warnings(&self) -> Vec<String> {
+        self.missing.iter().chain(&self.unmanaged).chain(&self.clamped).cloned().collect()
+    }
+}
+
+/// The controller's ratio in BIG-IP's range: identity, clamped. `None` when it had to be clamped.
+pub fn to_wire(ratio: u32) -> (u32, bool) {
+    let w = ratio.clamp(WIRE_MIN, WIRE_MAX);
+    (w, w != ratio)
+}
+
+/// The id the controller uses for a pool member: from its address and port when the address is an
+/// IP, otherwise its name as BIG-IP lists it.
+pub fn member_id(m: &Member) -> MemberId {
+    match endpoint_of_member(&m.address, &m.name) {
+        Some(ep) => ep.member_id(),
+        None => MemberId(m.name.clone()),
+    }
+}
+
+/// Match `desired` to `members` and list what differs.
+pub fn plan(pool: &str, members: &[Member], desired: &Ratios) -> Plan {
+    let mut by_endpoint: HashMap<Endpoint, usize> = HashMap::new();
+    let mut by_name: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, m) in members.iter().enumerate() {
+        if let Some(ep) = endpoint_of_member(&m.address, &m.name) {
+            by_endpoint.insert(ep, i);
+        }
+        by_name.insert(m.name.as_str(), i);
+    }
+
+    let mut out = Plan::default();
+    let mut matched = BTreeSet::new();
+    for (id, ratio) in desired.iter() {
+        // IP ids match on address, route domain and port (BIG-IP's `name` may be a node name);
+        // anything else must be the member's name exactly.
+        let found = match endpoint_of_id(id) {
+            Some(ep) => by_endpoint.get(&ep).copied(),
+            None => by_name.get(id.as_str()).copied(),
+        };
+        let Some(i) = found else {
+            out.missing.push(format!(
+                "member {id} has a ratio but is not in BIG-IP pool {pool}: add it to the pool, or fix the \
+                 controller's membership (route domain and port must match: 10.1.1.1%2:80, [2001:db8::1]:80)"
+            ));
+            continue;
+        };
+        matched.insert(i);
+        let m = &members[i];
+        let (to, clamped) = to_wire(ratio);
+        if clamped {
+            out.clamped.push(format!(
+                "member {id}: ratio {ratio} is outside BIG-IP's {WIRE_MIN}..={WIRE_MAX}; sent {to}"
+            ));
+        }
+        if m.ratio == to {
+            out.unchanged += 1;
+        } else {
+            out.changes.push(Change {
+                id: id.clone(),
+                partition: m.partition.clone(),
+                name: m.name.clone(),
+                from: m.ratio,
+                to,
+            });
+        }
+    }
+    for (i, m) in members.iter().enumerate() {
+        if !matched.contains(&i) {
+            out.unmanaged.push(format!(
+                "BIG-IP pool {pool} member /{}/{} (address {}) gets no ratio from the controller; left at {}",
+                m.partition, m.name, m.address, m.ratio
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(name: &str, address: &str, ratio: u32) -> Member {
+        Member { name: name.into(), partition: "Common".into(), address: address.into(), ratio }
+    }
+
+    fn r(pairs: &[(&str, u32)]) -> Ratios {
+        pairs.iter().map(|(k, v)| (MemberId::from(*k), *v)).collect()
+    }
+
+    #[test]
+    fn only_differences_change() {
+        let members = [m("10.0.0.1:80", "10.0.0.1", 5), m("10.0.0.2:80", "10.0.0.2", 1)];
+        let p = plan("/Common/p", &members, &r(&[("10.0.0.1:80", 5), ("10.0.0.2:80", 7)]));
+        assert_eq!(p.unchanged, 1);
+        assert_eq!(p.changes.len(), 1);
+        assert_eq!(p.changes[0].name, "10.0.0.2:80");
+        assert_eq!((p.changes[0].from, p.changes[0].to), (1, 7));
+        assert!(p.warnings().is_empty());
+    }
+
+    #[test]
+    fn route_domain_ipv6_and_node_names_match_on_address() {
+        let members = [
+            m("10.1.1.1%2:80", "10.1.1.1%2", 1),
+            m("2001:db8::1.80", "2001:db8::1", 1),
+            m("vllm-0:8000", "10.2.0.1", 1),
+            m("10.1.1.1:80", "10.1.1.1", 1),
+        ];
+        let p = plan(
+            "/Common/p",
+            &members,
+            &r(&[("10.1.1.1%2:80", 2), ("[2001:db8::1]:80", 3), ("10.2.0.1:8000", 4), ("10.1.1.1:80", 5)]),
+        );
+        let got: Vec<(String, u32)> = p.changes.iter().map(|c| (c.name.clone(), c.to)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("10.1.1.1%2:80".to_string(), 2),
+                ("10.1.1.1:80".to_string(), 5),
+                ("vllm-0:8000".to_string(), 4),
+                ("2001:db8::1.80".to_string(), 3),
+            ]
+        );
+        assert!(p.warnings().is_empty(), "{:?}", p.warnings());
+    }
+
+    #[test]
+    fn route_domain_must_match() {
+        let p = plan("/Common/p", &[m("10.1.1.1%2:80", "10.1.1.1%2", 1)], &r(&[("10.1.1.1:80", 3)]));
+        assert!(p.changes.is_empty());
+        assert_eq!(p.missing.len(), 1);
+        assert!(p.missing[0].contains("10.1.1.1:80") && p.missing[0].contains("/Common/p"));
+        assert_eq!(p.unmanaged.len(), 1);
+        assert!(p.unmanaged[0].contains("/Common/10.1.1.1%2:80"));
+    }
+
+    #[test]
+    fn clamping_into_wire_range() {
+        let members = [m("10.0.0.1:80", "10.0.0.1", 3), m("10.0.0.2:80", "10.0.0.2", 3)];
+        let p = plan("/Common/p", &members, &r(&[("10.0.0.1:80", 0), ("10.0.0.2:80", 70_000)]));
+        let got: Vec<u32> = p.changes.iter().map(|c| c.to).collect();
+        assert_eq!(got, vec![1, 65_535]);
+        assert_eq!(p.clamped.len(), 2);
+        assert_eq!(to_wire(1), (1, false));
+        assert_eq!(to_wire(65_535), (65_535, false));
+    }
+
+    #[test]
+    fn non_ip_ids_match_member_names() {
+        let p = plan("/Common/p", &[m("vllm-0:8000", "10.2.0.1", 1)], &r(&[("vllm-0:8000", 9)]));
+        assert_eq!(p.changes.len(), 1);
+        assert_eq!(member_id(&m("vllm-0:8000", "10.2.0.1", 1)).as_str(), "10.2.0.1:8000");
+        assert_eq!(member_id(&m("fqdn-node:80", "any6", 1)).as_str(), "fqdn-node:80");
+    }
+}
