@@ -7,29 +7,32 @@
 //! step_s = (overhead + prefill_token * prefill_tokens + seq * seqs_in_batch + kv_token * kv_tokens_read) / speed
 //! ```
 //!
-//! Where each number of [`ModelProfile::llama_8b_h100`] comes from (see also `src/sim/README.md`):
-//! - KV capacity: Llama-3.1-8B has 32 layers, 8 KV heads of dim 128, bf16, so one token of KV is
-//!   2 (K,V) x 32 x 8 x 128 x 2 bytes = 128 KiB. An 80 GB H100 at vLLM's default
-//!   `gpu_memory_utilization=0.9` gives 72 GB; minus ~16 GB of weights and ~4 GB of activations and
-//!   CUDA graphs leaves ~52 GB, i.e. ~400k tokens = 25,000 blocks of 16 (vLLM logs
-//!   "GPU KV cache size: ~4xx,xxx tokens" for this model on H100-80GB).
-//! - Decode at batch 1 is memory-bound: 16 GB of weights over H100 SXM's 3.35 TB/s HBM3 is ~4.8 ms,
-//!   plus kernel launch and scheduler time; published vLLM runs show 6-7 ms ITL at batch 1
-//!   (e.g. NVIDIA NIM / vLLM benchmark tables for Llama-3.1-8B-Instruct on 1xH100). Hence the
-//!   6.0 ms overhead.
-//! - Attention reads each token's KV once per step: 128 KiB / 3.35 TB/s is ~39 ns at full bandwidth;
-//!   attention kernels reach ~60-70% of it with paging, so we charge 25 ns per KV token read
-//!   (cost per token of context of every sequence in the step).
-//! - Per-sequence cost (sampling, the batched GEMMs growing with batch, detokenizer, scheduler):
-//!   12 us. With 256 sequences of ~1k context this gives 6 + 3.1 + 6.4 = 15.5 ms, matching the
-//!   ~15 ms ITL vLLM reports near saturation for 8B on H100, and ~16k output tok/s.
-//! - Prefill is compute-bound: an 8B model costs ~2 x 8e9 = 16 GFLOP per token; at ~45% of H100's
-//!   989 dense bf16 TFLOPS that is ~28k tokens/s, i.e. 35 us per prompt token. A 1k-token prompt on
-//!   an idle server then has TTFT 6 + 35 = ~41 ms (published: 30-60 ms for 1k input on H100).
-//! - Scheduler limits: vLLM V1 defaults for an H100 with the OpenAI server are `max_num_seqs=256`
-//!   (1024 from 0.8 on for H100/H200 usage-context defaults; we keep 256 which is what most
-//!   deployments pin) and chunked prefill with `max_num_batched_tokens=8192`; `max_model_len=8192`
-//!   is a typical deployment cap. The 1% watermark is vLLM v0's `watermark=0.01` admission reserve.
+//! Where each number of [`ModelProfile::llama_8b_h100`] comes from (also in `src/sim/README.md`,
+//! with the fidelity test's results):
+//! - KV capacity: Llama-3.1-8B has 32 layers, 8 KV heads of dim 128, bf16: one token of KV is
+//!   2 (K,V) x 32 x 8 x 128 x 2 bytes = 128 KiB (Hugging Face's Llama 3.1 blog lists 0.125 GB per
+//!   1k tokens for 8B). An 80 GB H100 at vLLM's default `gpu_memory_utilization=0.9` gives 72 GB;
+//!   minus ~16 GB of weights and ~4 GB of activations/CUDA graphs leaves ~52 GB = ~400k tokens =
+//!   25,000 blocks of 16.
+//! - Fixed step cost 6.0 ms: decode at batch 1 is memory-bound. 16 GB of weights over H100 SXM's
+//!   3.35 TB/s (NVIDIA datasheet) is 4.8 ms at the roofline; a published vLLM sweep of this model on
+//!   A100-40GB measured 75 tok/s at concurrency 1, 77% of that GPU's bandwidth roofline
+//!   (johnmusgrave.com, "vLLM throughput-latency sweep on NVIDIA A100"). The same efficiency on H100
+//!   gives 6.2 ms per token, i.e. ~160 tok/s.
+//! - KV read 45 ns per token of context per step: 128 KiB at 3.35 TB/s is 39 ns at the roofline;
+//!   paged decode attention reaches ~85% of it.
+//! - Per-sequence 12 us: the batched GEMMs stop being free as the batch approaches H100's ridge
+//!   point (~300 tokens), plus sampling and scheduler CPU per sequence. Fitted so that 256
+//!   sequences at ShareGPT-like context (~512 tokens) decode at ~15 ms per token, the upper end of
+//!   the 6-15 ms ITL range reported for 8B on H100 from batch 1 to large batches.
+//! - Prefill 35 us per token (~28k tok/s): compute-bound, 2 x 8e9 = 16 GFLOP per token at ~45% of
+//!   H100's 989 dense bf16 TFLOPS. A 1k-token prompt on an idle server: TTFT ~41 ms.
+//! - Scheduler limits: vLLM's long-standing defaults `max_num_seqs=256`, chunked prefill with
+//!   `max_num_batched_tokens=8192` (vLLM V1 on H100-class GPUs; newer releases raise
+//!   `max_num_seqs` to 1024 for the OpenAI server, most deployments pin 256), `max_model_len=8192`
+//!   as a typical deployment cap, and vLLM v0's 1% admission `watermark`.
+//! - A slower GPU generation is `speed=0.5`: Lambda's vLLM benchmark reports H100 ~2x A100 on
+//!   both throughput and latency (LambdaLabsML/vllm-benchmark).
 //!
 //! [`ModelProfile::tiny`] is a small, fast profile for unit and HTTP tests: its numbers are chosen,
 //! not measured, so that queueing, preemption and saturation show up with a handful of requests.
@@ -101,7 +104,7 @@ impl ModelProfile {
             step_overhead_s: 6.0e-3,
             prefill_token_s: 35e-6,
             seq_s: 12e-6,
-            kv_token_s: 25e-9,
+            kv_token_s: 45e-9,
         }
     }
 
