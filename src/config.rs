@@ -337,7 +337,12 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
         Err(ConfigErrors(
             problems
                 .into_iter()
-                .map(|(field, message)| ConfigError { file: path.to_path_buf(), location: None, field, message })
+                .map(|(field, message)| ConfigError {
+                    file: path.to_path_buf(),
+                    location: None,
+                    field,
+                    message,
+                })
                 .collect(),
         ))
     }
@@ -370,7 +375,10 @@ impl Config {
                         err(at("timeout"), "must be > 0");
                     }
                     if p.rate_window < Duration::from_secs(1) {
-                        err(at("rate_window"), "must be at least 1s (and should cover a few scrape intervals)");
+                        err(
+                            at("rate_window"),
+                            "must be at least 1s (and should cover a few scrape intervals)",
+                        );
                     }
                     if let Some(ca) = &p.ca_file {
                         if !ca.exists() {
@@ -445,11 +453,19 @@ impl Config {
             }
             if let Some(sel) = &p.members.prometheus_up {
                 if !(sel.starts_with('{') && sel.ends_with('}')) {
-                    err(at("members.prometheus_up"), "must be a label selector in braces, e.g. '{job=\"vllm\"}'");
+                    err(
+                        at("members.prometheus_up"),
+                        "must be a label selector in braces, e.g. '{job=\"vllm\"}'",
+                    );
                 }
             }
-            if p.members.from_lb && matches!(p.sink, SinkConfig::DryRun | SinkConfig::Webhook(_) | SinkConfig::Envoy(_)) {
-                err(at("members.from_lb"), &format!("the {} sink has no pool to read members from", p.sink.kind()));
+            if p.members.from_lb
+                && matches!(p.sink, SinkConfig::DryRun | SinkConfig::Webhook(_) | SinkConfig::Envoy(_))
+            {
+                err(
+                    at("members.from_lb"),
+                    &format!("the {} sink has no pool to read members from", p.sink.kind()),
+                );
             }
             if let Some(sel) = &p.selector {
                 if sel.contains('{') || sel.contains('}') {
@@ -561,7 +577,10 @@ pools:
     fn unknown_source_is_named() {
         let text = MINIMAL.replace("source: direct", "source: nowhere");
         let e = parse_str(&text).expect_err("unknown source");
-        assert!(e.to_string().contains("pools[0].source: no source named \"nowhere\" (sources: direct)"), "{e}");
+        assert!(
+            e.to_string().contains("pools[0].source: no source named \"nowhere\" (sources: direct)"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -577,7 +596,8 @@ pools:
 
     #[test]
     fn bad_member_and_regex_are_reported() {
-        let text = MINIMAL.replace("\"10.0.0.2:8000\"", "\"nope\"") + "    join: { label: pod, regex: '(' }\n";
+        let text =
+            MINIMAL.replace("\"10.0.0.2:8000\"", "\"nope\"") + "    join: { label: pod, regex: '(' }\n";
         let e = parse_str(&text).expect_err("invalid");
         let s = e.to_string();
         assert!(s.contains("pools[0].members.static[1]: \"nope\" is not host:port"), "{s}");

@@ -1,1 +1,213 @@
-fn main() {}
+//! The `llm-load-controller` command: parse arguments, then hand over to the library.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use llm_load_controller::config::{self, LogFormat};
+use llm_load_controller::controller::{self, Controller, Output};
+use llm_load_controller::quickstart::QuickStart;
+use llm_load_controller::telemetry::Telemetry;
+use llm_load_controller::{adapters, sim};
+
+#[derive(Parser)]
+#[command(
+    name = "llm-load-controller",
+    version,
+    about = "Keeps load balancers weighted by the live load of LLM model servers"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the control loop until SIGTERM/SIGINT.
+    Run(RunArgs),
+    /// Validate a config file and print the plan: pools, members, the exact PromQL.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Run a simulated vLLM fleet (OpenAI API + vLLM metrics).
+    Sim(sim::SimArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Config file (YAML).
+    #[arg(long, short, conflicts_with_all = ["scrape", "prometheus"])]
+    config: Option<PathBuf>,
+    /// Quick start without a config file: scrape these servers' /metrics directly (HOST:PORT,HOST:PORT).
+    #[arg(long, value_delimiter = ',', conflicts_with = "prometheus")]
+    scrape: Option<Vec<String>>,
+    /// Quick start without a config file: Prometheus/Thanos URL; members are the `up` series of --selector.
+    #[arg(long)]
+    prometheus: Option<String>,
+    /// Label selector of the members' `up` series, with --prometheus.
+    #[arg(long, default_value = "{job=\"vllm\"}", requires = "prometheus")]
+    selector: String,
+    /// Quick start: cycle interval.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    interval: Duration,
+    /// Quick start: listen address of /metrics, /readyz, /v1/ratios.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    listen: SocketAddr,
+    /// Quick start: server profile (vllm, vllm-legacy, sglang, trtllm, nim, tgi).
+    #[arg(long, default_value = "vllm")]
+    profile: String,
+    /// Compute and print ratios, push nothing, whatever sinks are configured.
+    #[arg(long)]
+    dry_run: bool,
+    /// One cycle, then exit 0 if every pool computed ratios, 1 otherwise.
+    #[arg(long)]
+    once: bool,
+    /// What to print per cycle on stdout. Default: text with --dry-run or --once, quiet otherwise.
+    #[arg(long, value_enum)]
+    output: Option<Output>,
+    /// Log format on stderr (overrides the config's `log_format`).
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormatArg>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormatArg {
+    Text,
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => b.json().init(),
+        LogFormat::Text => b.init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Run(args) => run(args).await,
+        Command::Sim(args) => {
+            init_logging(LogFormat::Text);
+            report(sim::run(args).await)
+        }
+    }
+}
+
+fn report(r: anyhow::Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    match config::load(path) {
+        Ok(cfg) => {
+            print!("{}", llm_load_controller::plan::describe(&cfg));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> ExitCode {
+    let cfg = match &args.config {
+        Some(path) => config::load(path),
+        None if args.scrape.is_some() || args.prometheus.is_some() => QuickStart {
+            scrape: args.scrape.clone(),
+            prometheus: args.prometheus.clone(),
+            selector: Some(args.selector.clone()),
+            interval: args.interval,
+            listen: args.listen,
+            profile: args.profile.clone(),
+        }
+        .config(),
+        None => {
+            eprintln!(
+                "error: give --config FILE, or --scrape HOST:PORT,... or --prometheus URL for a quick start"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let cfg = match cfg {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let log_format = match args.log_format {
+        Some(LogFormatArg::Json) => LogFormat::Json,
+        Some(LogFormatArg::Text) => LogFormat::Text,
+        None => cfg.log_format,
+    };
+    init_logging(log_format);
+    let output = args.output.unwrap_or(if args.dry_run || args.once { Output::Text } else { Output::Quiet });
+
+    let telemetry = Telemetry::new(cfg.interval, cfg.unready_after_cycles);
+    let ctx = adapters::SinkContext::default();
+    let controller = match Controller::new(&cfg, telemetry.clone(), args.dry_run, &ctx) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(cfg.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: cannot listen on {}: {e}", cfg.listen);
+            return ExitCode::from(2);
+        }
+    };
+    let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    tracing::info!(listen = %addr, pools = cfg.pools.len(), interval = ?cfg.interval, dry_run = args.dry_run, "controller started");
+    let app = telemetry.router().merge(ctx.eds.clone().router());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let ok = controller::run(controller, output, args.once, shutdown_signal()).await;
+    server.abort();
+    tracing::info!("controller stopped");
+    if ok || !args.once {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// SIGINT or SIGTERM (what Kubernetes sends before killing the pod).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT received, stopping"),
+        _ = term => tracing::info!("SIGTERM received, stopping"),
+    }
+}

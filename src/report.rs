@@ -1,1 +1,104 @@
-//! todo
+//! What one control cycle saw and did, in the shapes users read: a JSON line per cycle
+//! (`--output json`, and `GET /v1/ratios`) and a human table per pool.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct CycleReport {
+    /// RFC 3339 UTC time the cycle started.
+    pub ts: String,
+    pub pools: Vec<PoolReport>,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct PoolReport {
+    pub pool: String,
+    /// `ok`, `source_down` or `stale`.
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub policy: &'static str,
+    pub sink: &'static str,
+    /// What happened to the push: `pushed`, `unchanged`, `dry_run`, `held` (fail-static), `backoff`,
+    /// `refused_drain`, or `error`.
+    pub push: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub saturation: Option<f64>,
+    pub members: Vec<MemberReport>,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct MemberReport {
+    pub member: String,
+    /// The ratio the controller wants now.
+    pub ratio: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub old_ratio: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub running: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_usage: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub age_s: Option<f64>,
+}
+
+impl CycleReport {
+    pub fn to_json_line(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"cannot encode report: {e}\"}}"))
+    }
+
+    /// One table per pool: member, waiting, running, KV %, age, old -> new ratio.
+    pub fn to_table(&self) -> String {
+        let mut s = String::new();
+        for p in &self.pools {
+            let _ = write!(
+                s,
+                "{}  pool {}  [{} -> {}]  state={} push={}",
+                self.ts, p.pool, p.policy, p.sink, p.state, p.push
+            );
+            if let Some(sat) = p.saturation {
+                let _ = write!(s, " saturation={:.0}%", sat * 100.0);
+            }
+            if let Some(e) = &p.error {
+                let _ = write!(s, "\n  error: {e}");
+            }
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "  {:<28} {:>8} {:>8} {:>6} {:>7}  {:>13}",
+                "MEMBER", "WAITING", "RUNNING", "KV%", "AGE", "RATIO"
+            );
+            for m in &p.members {
+                let num = |v: Option<f64>| v.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into());
+                let kv = m.kv_usage.map(|v| format!("{:.0}", v * 100.0)).unwrap_or_else(|| "-".into());
+                let age = m.age_s.map(|v| format!("{v:.1}s")).unwrap_or_else(|| "-".into());
+                let old = m.old_ratio.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+                let _ = writeln!(
+                    s,
+                    "  {:<28} {:>8} {:>8} {:>6} {:>7}  {:>5} -> {:<5}",
+                    m.member,
+                    num(m.waiting),
+                    num(m.running),
+                    kv,
+                    age,
+                    old,
+                    m.ratio
+                );
+            }
+        }
+        s
+    }
+}
+
+/// Now as RFC 3339 UTC, for reports and logs.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "unknown-time".into())
+}

@@ -1,1 +1,272 @@
-//! todo
+//! The controller's own HTTP endpoint: `/metrics` (Prometheus text), `/healthz`, `/readyz`,
+//! `GET /v1/ratios` (the last cycle as JSON) and a small status page at `/`.
+//!
+//! Readiness means "the controller is doing its job": ready after the first cycle in which some pool
+//! computed ratios from fresh data, unready again when no such cycle happened within
+//! `unready_after_cycles` intervals.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::report::CycleReport;
+
+type Labels = Vec<(String, String)>;
+type FGauge = Family<Labels, Gauge<f64, AtomicU64>>;
+type FCounter = Family<Labels, Counter>;
+
+/// Every metric the controller exports about itself. Names start with `llmlc_`.
+pub struct Metrics {
+    registry: Registry,
+    pub member_ratio: FGauge,
+    pub member_waiting: FGauge,
+    pub member_running: FGauge,
+    pub member_kv_usage: FGauge,
+    pub member_latency: FGauge,
+    pub member_sample_age: FGauge,
+    pub pool_saturation: FGauge,
+    pub pool_fresh_members: FGauge,
+    pub pool_up: FGauge,
+    pub cycle_duration: Histogram,
+    pub cycles: FCounter,
+    pub source_errors: FCounter,
+    pub samples_rejected: FCounter,
+    pub pushes: FCounter,
+    pub last_good_cycle: Gauge<f64, AtomicU64>,
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut r = Registry::default();
+        let g = |r: &mut Registry, name: &str, help: &str| {
+            let f = FGauge::default();
+            r.register(name, help, f.clone());
+            f
+        };
+        let c = |r: &mut Registry, name: &str, help: &str| {
+            let f = FCounter::default();
+            r.register(name, help, f.clone());
+            f
+        };
+        let member_ratio = g(&mut r, "llmlc_member_ratio", "Ratio the controller wants for the member");
+        let member_waiting =
+            g(&mut r, "llmlc_member_waiting_requests", "Requests waiting on the member (last sample)");
+        let member_running =
+            g(&mut r, "llmlc_member_running_requests", "Requests running on the member (last sample)");
+        let member_kv_usage =
+            g(&mut r, "llmlc_member_kv_usage_ratio", "KV-cache usage of the member, 0..1 (last sample)");
+        let member_latency =
+            g(&mut r, "llmlc_member_latency_seconds", "Mean processing time of the member (last sample)");
+        let member_sample_age =
+            g(&mut r, "llmlc_member_sample_age_seconds", "Age of the member's last sample");
+        let pool_saturation = g(
+            &mut r,
+            "llmlc_pool_saturation_ratio",
+            "Mean capped load of the pool's fresh members, 0..1 (for autoscalers)",
+        );
+        let pool_fresh_members =
+            g(&mut r, "llmlc_pool_fresh_members", "Members of the pool with fresh samples");
+        let pool_up =
+            g(&mut r, "llmlc_pool_up", "1 when the pool computed ratios from fresh data in the last cycle");
+        let cycle_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        r.register(
+            "llmlc_cycle_duration_seconds",
+            "Duration of a whole control cycle",
+            cycle_duration.clone(),
+        );
+        let cycles = c(&mut r, "llmlc_cycles", "Control cycles by result");
+        let source_errors =
+            c(&mut r, "llmlc_source_errors", "Failed source queries or scrapes by source and reason");
+        let samples_rejected = c(
+            &mut r,
+            "llmlc_samples_rejected",
+            "Values refused (NaN, Inf, negative, KV above 1) by pool, signal and reason",
+        );
+        let pushes = c(&mut r, "llmlc_pushes", "Push decisions by pool, sink and outcome");
+        let last_good_cycle = Gauge::<f64, AtomicU64>::default();
+        r.register(
+            "llmlc_last_good_cycle_timestamp_seconds",
+            "Unix time of the last cycle in which some pool computed ratios",
+            last_good_cycle.clone(),
+        );
+        Metrics {
+            registry: r,
+            member_ratio,
+            member_waiting,
+            member_running,
+            member_kv_usage,
+            member_latency,
+            member_sample_age,
+            pool_saturation,
+            pool_fresh_members,
+            pool_up,
+            cycle_duration,
+            cycles,
+            source_errors,
+            samples_rejected,
+            pushes,
+            last_good_cycle,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        if encode(&mut s, &self.registry).is_err() {
+            s.clear();
+        }
+        s
+    }
+
+    /// Forget per-member series of members that left a pool, so dashboards do not show ghosts.
+    pub fn forget_member(&self, pool: &str, member: &str) {
+        let l = labels(&[("pool", pool), ("member", member)]);
+        for f in [
+            &self.member_ratio,
+            &self.member_waiting,
+            &self.member_running,
+            &self.member_kv_usage,
+            &self.member_latency,
+            &self.member_sample_age,
+        ] {
+            f.remove(&l);
+        }
+    }
+}
+
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// Shared between the control loop (writer) and the HTTP handlers (readers).
+pub struct Telemetry {
+    pub metrics: Metrics,
+    state: Mutex<Status>,
+    interval: Duration,
+    unready_after_cycles: u32,
+}
+
+#[derive(Default)]
+struct Status {
+    last: Option<CycleReport>,
+    last_good: Option<Instant>,
+}
+
+impl Telemetry {
+    pub fn new(interval: Duration, unready_after_cycles: u32) -> Arc<Telemetry> {
+        Arc::new(Telemetry {
+            metrics: Metrics::new(),
+            state: Mutex::new(Status::default()),
+            interval,
+            unready_after_cycles,
+        })
+    }
+
+    fn status(&self) -> std::sync::MutexGuard<'_, Status> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Record a finished cycle. `good` when some pool computed ratios from fresh data.
+    pub fn record(&self, report: CycleReport, good: bool) {
+        let mut st = self.status();
+        if good {
+            st.last_good = Some(Instant::now());
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            self.metrics.last_good_cycle.set(now);
+        }
+        st.last = Some(report);
+    }
+
+    /// Ready, with a one-line reason either way.
+    pub fn readiness(&self) -> (bool, String) {
+        let st = self.status();
+        match st.last_good {
+            None => (false, "no good cycle yet".into()),
+            Some(t) => {
+                let limit = self.interval * self.unready_after_cycles;
+                let age = t.elapsed();
+                if age > limit {
+                    (
+                        false,
+                        format!(
+                            "no good cycle for {:.0}s (limit {:.0}s)",
+                            age.as_secs_f64(),
+                            limit.as_secs_f64()
+                        ),
+                    )
+                } else {
+                    (true, format!("last good cycle {:.1}s ago", age.as_secs_f64()))
+                }
+            }
+        }
+    }
+
+    pub fn last_report(&self) -> Option<CycleReport> {
+        self.status().last.clone()
+    }
+
+    /// The HTTP routes. Merge more (the Envoy EDS endpoint) before serving.
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/", get(status_page))
+            .route("/metrics", get(metrics))
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(readyz))
+            .route("/v1/ratios", get(ratios))
+            .with_state(self.clone())
+    }
+}
+
+async fn metrics(State(t): State<Arc<Telemetry>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], t.metrics.encode()).into_response()
+}
+
+async fn readyz(State(t): State<Arc<Telemetry>>) -> Response {
+    let (ok, why) = t.readiness();
+    let code = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, format!("{}: {why}\n", if ok { "ready" } else { "not ready" })).into_response()
+}
+
+async fn ratios(State(t): State<Arc<Telemetry>>) -> Response {
+    match t.last_report() {
+        Some(r) => Json(r).into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"error": "no cycle has completed yet"})),
+        )
+            .into_response(),
+    }
+}
+
+async fn status_page(State(t): State<Arc<Telemetry>>) -> Html<String> {
+    let (ready, why) = t.readiness();
+    let body = match t.last_report() {
+        Some(r) => html_escape(&r.to_table()),
+        None => "no cycle has completed yet".into(),
+    };
+    Html(format!(
+        "<!doctype html><html><head><meta charset=utf-8><meta http-equiv=refresh content=5><title>llm-load-controller</title></head>\
+         <body><h1>llm-load-controller</h1><p>{}: {}</p><pre>{body}</pre>\
+         <p><a href=/metrics>/metrics</a> · <a href=/v1/ratios>/v1/ratios</a> · <a href=/readyz>/readyz</a></p></body></html>",
+        if ready { "ready" } else { "not ready" },
+        html_escape(&why)
+    ))
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}

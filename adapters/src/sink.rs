@@ -47,10 +47,11 @@ pub trait RatioSink: Send + Sync {
 }
 
 /// Which sink a pool pushes to, chosen by `kind` in the config.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum SinkConfig {
     /// Print nothing, push nothing: the controller's own output shows the ratios.
+    #[default]
     DryRun,
     /// POST the pool's ratios as JSON to a URL (the reference proxy's admin listener, or anything else).
     Webhook(webhook::WebhookConfig),
@@ -60,12 +61,6 @@ pub enum SinkConfig {
     F5(f5::F5Config),
     /// Envoy endpoint weights over EDS.
     Envoy(envoy::EnvoyConfig),
-}
-
-impl Default for SinkConfig {
-    fn default() -> Self {
-        SinkConfig::DryRun
-    }
 }
 
 impl SinkConfig {

@@ -141,7 +141,11 @@ impl Feedback {
             let candidate = range.clamp(v);
             // An idle pool must come out exactly equal, so the deadband does not apply there.
             let r = match self.last.get(&m).copied() {
-                Some(prev) if !idle && prev > 0 && ((candidate as f64 - prev as f64).abs() / prev as f64) < p.deadband => {
+                Some(prev)
+                    if !idle
+                        && prev > 0
+                        && ((candidate as f64 - prev as f64).abs() / prev as f64) < p.deadband =>
+                {
                     prev
                 }
                 _ => candidate,

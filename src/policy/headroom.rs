@@ -72,7 +72,8 @@ impl Headroom {
                     None => s.running / p.running_norm,
                 };
                 let queue = (s.waiting / p.queue_norm).min(1.0);
-                let score = (p.kv_weight * busy.min(1.0) + p.queue_weight * queue) / (p.kv_weight + p.queue_weight);
+                let score =
+                    (p.kv_weight * busy.min(1.0) + p.queue_weight * queue) / (p.kv_weight + p.queue_weight);
                 ((*m).clone(), input.range.clamp(lo + (hi - lo) * (1.0 - score)))
             })
             .collect()

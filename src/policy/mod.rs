@@ -108,12 +108,15 @@ pub struct PoolPolicy {
 
 impl PoolPolicy {
     /// `grace` is converted to whole cycles of `interval`, so the policy itself never reads a clock.
-    pub fn new(cfg: &PolicyConfig, range: RatioRange, stale_after: Duration, grace: Duration, interval: Duration) -> Self {
-        let grace_cycles = if interval.is_zero() {
-            0
-        } else {
-            (grace.as_secs_f64() / interval.as_secs_f64()).ceil() as u32
-        };
+    pub fn new(
+        cfg: &PolicyConfig,
+        range: RatioRange,
+        stale_after: Duration,
+        grace: Duration,
+        interval: Duration,
+    ) -> Self {
+        let grace_cycles =
+            if interval.is_zero() { 0 } else { (grace.as_secs_f64() / interval.as_secs_f64()).ceil() as u32 };
         let algo = match cfg {
             PolicyConfig::Headroom(p) => Algo::Headroom(headroom::Headroom::new(p.clone())),
             PolicyConfig::Feedback(p) => Algo::Feedback(feedback::Feedback::new(p.clone())),
@@ -136,12 +139,18 @@ impl PoolPolicy {
             .filter_map(|(m, s)| s.as_ref().filter(|s| s.age <= self.stale_after).map(|s| (m, s)))
             .collect();
 
-        let known_prev: Vec<f64> =
-            snap.members.keys().filter_map(|m| prev.get(m)).map(|r| self.range.clamp(r as f64) as f64).collect();
+        let known_prev: Vec<f64> = snap
+            .members
+            .keys()
+            .filter_map(|m| prev.get(m))
+            .map(|r| self.range.clamp(r as f64) as f64)
+            .collect();
         let prev_mean = mean(&known_prev).unwrap_or_else(|| self.range.mid());
         let start: BTreeMap<MemberId, f64> = fresh
             .keys()
-            .map(|m| ((*m).clone(), prev.get(m).map(|r| self.range.clamp(r as f64) as f64).unwrap_or(prev_mean)))
+            .map(|m| {
+                ((*m).clone(), prev.get(m).map(|r| self.range.clamp(r as f64) as f64).unwrap_or(prev_mean))
+            })
             .collect();
 
         let inputs = Inputs { fresh: &fresh, start: &start, range: self.range };
@@ -197,7 +206,10 @@ pub(crate) mod testutil {
     }
 
     pub fn snap(members: &[(&str, Option<Sample>)]) -> Snapshot {
-        Snapshot { members: members.iter().map(|(m, s)| (MemberId::from(*m), s.clone())).collect(), rejected: vec![] }
+        Snapshot {
+            members: members.iter().map(|(m, s)| (MemberId::from(*m), s.clone())).collect(),
+            rejected: vec![],
+        }
     }
 
     pub fn ratios(rs: &[(&str, u32)]) -> Ratios {
@@ -229,7 +241,11 @@ mod tests {
         for cfg in both() {
             let mut p = policy(cfg);
             let prev = ratios(&[("a:1", 80), ("b:1", 20), ("c:1", 60)]);
-            let s = snap(&[("a:1", Some(sample(0.0, 4.0, 0.3))), ("b:1", None), ("c:1", Some(sample(0.0, 4.0, 0.3)))]);
+            let s = snap(&[
+                ("a:1", Some(sample(0.0, 4.0, 0.3))),
+                ("b:1", None),
+                ("c:1", Some(sample(0.0, 4.0, 0.3))),
+            ]);
             // grace 10s at 5s interval = 2 cycles held.
             for cycle in 1..=2 {
                 let o = p.compute(&s, &prev);
@@ -251,7 +267,10 @@ mod tests {
             let mut p = policy(cfg);
             let mut old = sample(10.0, 4.0, 0.99);
             old.age = Duration::from_secs(31);
-            let o = p.compute(&snap(&[("a:1", Some(old)), ("b:1", Some(sample(0.0, 1.0, 0.1)))]), &ratios(&[("a:1", 40)]));
+            let o = p.compute(
+                &snap(&[("a:1", Some(old)), ("b:1", Some(sample(0.0, 1.0, 0.1)))]),
+                &ratios(&[("a:1", 40)]),
+            );
             assert_eq!(o.fresh, 1);
             assert_eq!(o.ratios.get(&MemberId::from("a:1")), Some(40));
         }
@@ -262,7 +281,11 @@ mod tests {
         for cfg in both() {
             let mut p = policy(cfg);
             let prev = ratios(&[("a:1", 30), ("b:1", 30)]);
-            let s = snap(&[("a:1", Some(sample(1.0, 4.0, 0.5))), ("b:1", Some(sample(1.0, 4.0, 0.5))), ("new:1", None)]);
+            let s = snap(&[
+                ("a:1", Some(sample(1.0, 4.0, 0.5))),
+                ("b:1", Some(sample(1.0, 4.0, 0.5))),
+                ("new:1", None),
+            ]);
             let o = p.compute(&s, &prev);
             let a = o.ratios.get(&MemberId::from("a:1")).expect("a");
             assert_eq!(o.ratios.get(&MemberId::from("new:1")), Some(a));
@@ -273,7 +296,10 @@ mod tests {
     #[test]
     fn saturation_is_mean_capped_load() {
         let mut p = policy(PolicyConfig::default());
-        let o = p.compute(&snap(&[("a:1", Some(sample(0.0, 4.0, 0.2))), ("b:1", Some(sample(80.0, 4.0, 0.9)))]), &Ratios::default());
+        let o = p.compute(
+            &snap(&[("a:1", Some(sample(0.0, 4.0, 0.2))), ("b:1", Some(sample(80.0, 4.0, 0.9)))]),
+            &Ratios::default(),
+        );
         assert_eq!(o.saturation, Some(0.6));
     }
 }

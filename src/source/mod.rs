@@ -202,7 +202,9 @@ impl Source {
     pub async fn discover(&self, selector: &str, join: &Join) -> Result<Vec<MemberId>, SourceError> {
         match self {
             Source::Prometheus(p) => p.discover(selector, join).await,
-            Source::Scrape(_) => Err(SourceError::Config("member discovery needs a prometheus source".into())),
+            Source::Scrape(_) => {
+                Err(SourceError::Config("member discovery needs a prometheus source".into()))
+            }
         }
     }
 }

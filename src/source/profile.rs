@@ -101,10 +101,17 @@ impl ProfileName {
                 &["gpu_cache_usage_perc"],
                 &["e2e_request_latency_seconds"],
             ),
-            ProfileName::Tgi => (&["tgi_queue_size"], &["tgi_batch_current_size"], &[], &["tgi_request_duration"]),
+            ProfileName::Tgi => {
+                (&["tgi_queue_size"], &["tgi_batch_current_size"], &[], &["tgi_request_duration"])
+            }
             ProfileName::Custom => (&[], &[], &[], &[]),
         };
-        MetricNames { waiting: names(w), running: names(r), kv_usage: names(kv), latency_histogram: names(lat) }
+        MetricNames {
+            waiting: names(w),
+            running: names(r),
+            kv_usage: names(kv),
+            latency_histogram: names(lat),
+        }
     }
 
     /// The profile's names with per-signal overrides applied.
@@ -161,7 +168,8 @@ pub fn promql(
     // `a or b`: the first name's series where it exists, the second's elsewhere. Lets one profile read
     // servers on both sides of a metric rename without double counting.
     let either = |agg: &str, list: &[String]| -> Option<String> {
-        let parts: Vec<String> = list.iter().map(|m| format!("{agg} by ({join_label}) ({})", sel(m))).collect();
+        let parts: Vec<String> =
+            list.iter().map(|m| format!("{agg} by ({join_label}) ({})", sel(m))).collect();
         (!parts.is_empty()).then(|| parts.join(" or "))
     };
     let window = humantime::format_duration(rate_window).to_string().replace(' ', "");
@@ -223,7 +231,10 @@ mod tests {
             "avg by (instance) (vllm:kv_cache_usage_perc{job=\"vllm\"}) or avg by (instance) (vllm:gpu_cache_usage_perc{job=\"vllm\"})"
         );
         assert!(get(Signal::Latency).contains("rate(vllm:e2e_request_latency_seconds_sum{job=\"vllm\"}[1m])"));
-        assert_eq!(get(Signal::Timestamp), "max by (instance) (timestamp(vllm:num_requests_waiting{job=\"vllm\"}))");
+        assert_eq!(
+            get(Signal::Timestamp),
+            "max by (instance) (timestamp(vllm:num_requests_waiting{job=\"vllm\"}))"
+        );
     }
 
     #[test]

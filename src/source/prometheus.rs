@@ -41,8 +41,9 @@ impl PrometheusSource {
     async fn query(&self, promql: &str, token: Option<&str>) -> Result<Rows, SourceError> {
         let mut q = self.client.query(promql);
         if let Some(t) = token {
-            let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
-                .map_err(|_| SourceError::Config("bearer token contains characters not allowed in a header".into()))?;
+            let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
+                SourceError::Config("bearer token contains characters not allowed in a header".into())
+            })?;
             q = q.header(reqwest::header::AUTHORIZATION, value);
         }
         let res = q.get().await.map_err(|e| self.map_err(promql, e))?;
@@ -50,32 +51,32 @@ impl PrometheusSource {
             what: self.what(),
             detail: format!("query {promql:?} did not return an instant vector"),
         })?;
-        Ok(vector
-            .iter()
-            .map(|v| (v.metric().clone(), v.sample().timestamp(), v.sample().value()))
-            .collect())
+        Ok(vector.iter().map(|v| (v.metric().clone(), v.sample().timestamp(), v.sample().value())).collect())
     }
 
     fn map_err(&self, promql: &str, e: PromError) -> SourceError {
         match e {
-            PromError::Prometheus(p) => SourceError::Query { query: promql.to_string(), detail: p.to_string() },
+            PromError::Prometheus(p) => {
+                SourceError::Query { query: promql.to_string(), detail: p.to_string() }
+            }
             PromError::Client(c) => {
-                let detail = match std::error::Error::source(&c).and_then(|s| s.downcast_ref::<reqwest::Error>()) {
-                    Some(r) => {
-                        if let Some(status) = r.status() {
-                            return SourceError::Http {
-                                what: self.what(),
-                                status: status.as_u16(),
-                                detail: describe(r),
-                            };
+                let detail =
+                    match std::error::Error::source(&c).and_then(|s| s.downcast_ref::<reqwest::Error>()) {
+                        Some(r) => {
+                            if let Some(status) = r.status() {
+                                return SourceError::Http {
+                                    what: self.what(),
+                                    status: status.as_u16(),
+                                    detail: describe(r),
+                                };
+                            }
+                            if r.is_decode() {
+                                return SourceError::Malformed { what: self.what(), detail: describe(r) };
+                            }
+                            describe(r)
                         }
-                        if r.is_decode() {
-                            return SourceError::Malformed { what: self.what(), detail: describe(r) };
-                        }
-                        describe(r)
-                    }
-                    None => c.to_string(),
-                };
+                        None => c.to_string(),
+                    };
                 SourceError::Unreachable { what: self.what(), detail }
             }
             other => SourceError::Query { query: promql.to_string(), detail: other.to_string() },
@@ -92,7 +93,8 @@ impl PrometheusSource {
             Err(e) => return pools.iter().map(|_| Err(SourceError::Config(e.to_string()))).collect(),
         };
         // Each distinct query once, however many pools need it.
-        let distinct: BTreeSet<&str> = pools.iter().flat_map(|p| p.queries.iter().map(|(_, q)| q.as_str())).collect();
+        let distinct: BTreeSet<&str> =
+            pools.iter().flat_map(|p| p.queries.iter().map(|(_, q)| q.as_str())).collect();
         let results = join_all(distinct.iter().map(|q| self.query(q, token.as_deref()))).await;
         let by_query: BTreeMap<&str, Result<Rows, SourceError>> = distinct.into_iter().zip(results).collect();
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
@@ -135,8 +137,10 @@ impl PrometheusSource {
         let token = self.token()?;
         let q = format!("up{selector}");
         let rows = self.query(&q, token.as_deref()).await?;
-        let members: BTreeSet<MemberId> =
-            rows.iter().filter_map(|(labels, _, _)| labels.get(&join.label).map(|v| join.member(v))).collect();
+        let members: BTreeSet<MemberId> = rows
+            .iter()
+            .filter_map(|(labels, _, _)| labels.get(&join.label).map(|v| join.member(v)))
+            .collect();
         Ok(members.into_iter().collect())
     }
 }

@@ -34,7 +34,8 @@ impl ScrapeSource {
         if cfg.insecure_skip_verify {
             tracing::warn!(source = name, "TLS certificate verification is OFF for this scrape source");
         }
-        let client = http_client(cfg.timeout, cfg.ca_file.as_deref(), cfg.insecure_skip_verify, &BTreeMap::new())?;
+        let client =
+            http_client(cfg.timeout, cfg.ca_file.as_deref(), cfg.insecure_skip_verify, &BTreeMap::new())?;
         Ok(ScrapeSource {
             name: name.to_string(),
             client,
@@ -46,19 +47,29 @@ impl ScrapeSource {
         })
     }
 
-    async fn fetch(&self, member: &MemberId, token: Option<&str>) -> Result<(Exposition, Instant), SourceError> {
+    async fn fetch(
+        &self,
+        member: &MemberId,
+        token: Option<&str>,
+    ) -> Result<(Exposition, Instant), SourceError> {
         let url = format!("{}://{}{}", self.scheme, member, self.path);
         let what = format!("scrape source {:?} member {member}", self.name);
         let mut req = self.client.get(&url);
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
-        let resp = req.send().await.map_err(|e| SourceError::Unreachable { what: what.clone(), detail: describe(&e) })?;
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| SourceError::Unreachable { what: what.clone(), detail: describe(&e) })?;
         let status = resp.status();
         if !status.is_success() {
             return Err(SourceError::Http { what, status: status.as_u16(), detail: status.to_string() });
         }
-        let body = resp.text().await.map_err(|e| SourceError::Unreachable { what: what.clone(), detail: describe(&e) })?;
+        let body = resp
+            .text()
+            .await
+            .map_err(|e| SourceError::Unreachable { what: what.clone(), detail: describe(&e) })?;
         let at = Instant::now();
         let parsed = parse(&body).map_err(|detail| SourceError::Malformed { what, detail })?;
         Ok((parsed, at))
@@ -91,8 +102,11 @@ impl ScrapeSource {
             .map(|pool| {
                 // Only when no member of the pool answered is the source "down" for it; single failures
                 // are members without data.
-                if !pool.members.is_empty() && pool.members.iter().all(|m| matches!(fetched.get(m), Some(Err(_)))) {
-                    let first = pool.members.iter().find_map(|m| fetched.get(m).and_then(|r| r.as_ref().err()));
+                if !pool.members.is_empty()
+                    && pool.members.iter().all(|m| matches!(fetched.get(m), Some(Err(_))))
+                {
+                    let first =
+                        pool.members.iter().find_map(|m| fetched.get(m).and_then(|r| r.as_ref().err()));
                     if let Some(e) = first {
                         return Err(e.clone());
                     }
@@ -221,7 +235,10 @@ vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 4.0
         assert_eq!(first_of(&e, &n.running, Agg::Sum), Some(16.0));
         let kv = first_of(&e, &n.kv_usage, Agg::Mean).expect("kv");
         assert!((kv - 0.6).abs() < 1e-9);
-        assert_eq!(histogram_totals(&e, &n.latency_histogram), Some(("vllm:e2e_request_latency_seconds".into(), 8.0, 4.0)));
+        assert_eq!(
+            histogram_totals(&e, &n.latency_histogram),
+            Some(("vllm:e2e_request_latency_seconds".into(), 8.0, 4.0))
+        );
     }
 
     #[test]
