@@ -1,31 +1,360 @@
-//! HAProxy sink: runtime-API weights (placeholder, being built).
+//! HAProxy sink: keeps a backend's server weights equal to the pool's ratios.
+//!
+//! Two ways to reach HAProxy, chosen by `mode`:
+//! - `runtime-api` (default): each `apply` reads `show servers state BACKEND` over the runtime API,
+//!   maps members to servers, and pushes only the weights that differ, chained with `;` in one more
+//!   connection. Because every cycle starts from what HAProxy has now, weights lost to a reload or
+//!   restart are restored on the next cycle without special handling. Needs `stats socket ... level
+//!   admin` (reads alone work at `level user`).
+//! - `agent`: the controller answers HAProxy's `agent-check` (see [`agent`]); HAProxy pulls. No admin
+//!   socket needed. If `address` is also given, `members()`/`current()` read from the runtime API.
+//!
+//! Ratios map to weights 1..=256 as [`weights`] describes; weight 0 (drain) only with `allow_drain`, and
+//! never on every server of the backend at once.
+//!
+//! ```yaml
+//! sink:
+//!   kind: haproxy
+//!   address: unix:/var/run/haproxy/admin.sock   # or 127.0.0.1:9999
+//!   backend: llm
+//! ```
+
+pub mod agent;
+pub mod plan;
+pub mod runtime;
+pub mod state;
+pub mod weights;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use crate::{Applied, RatioSink, Ratios, SinkError};
+pub use agent::{AgentHandle, AgentResponder};
+pub use plan::MatchBy;
+pub use runtime::{RuntimeAddr, RuntimeClient};
+
+use crate::{Applied, MemberId, RatioSink, Ratios, SinkError};
+use weights::{WeightMap, HAPROXY_MAX_WEIGHT};
+
+/// How the weights reach HAProxy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HaproxyMode {
+    /// Push with `set server ... weight` over the runtime API.
+    #[default]
+    RuntimeApi,
+    /// Answer HAProxy's `agent-check` on `agent_listen`.
+    Agent,
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HaproxyConfig {
-    /// Runtime API address: `unix:/path/to/socket` or `host:port`.
-    pub address: String,
+    #[serde(default)]
+    pub mode: HaproxyMode,
+    /// Runtime API address: `unix:/path/to/socket` or `host:port`. Required in `runtime-api` mode;
+    /// optional in `agent` mode (then used only to read membership and weights).
+    #[serde(default)]
+    pub address: Option<String>,
     /// Backend whose servers get the weights.
     pub backend: String,
+    /// How members find their server: `address` (default) or `name`.
+    #[serde(default)]
+    pub match_by: MatchBy,
+    /// Limit on each runtime API exchange (connect, write, read).
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Let ratio 0 become weight 0 (no new traffic). Off: ratio 0 becomes weight 1.
+    #[serde(default)]
+    pub allow_drain: bool,
+    /// The ratio that maps to `max_weight`; ratios scale proportionally. Unset: weight = ratio, clamped.
+    #[serde(default)]
+    pub ratio_max: Option<u32>,
+    /// Largest weight pushed, 1..=256.
+    #[serde(default = "default_max_weight")]
+    pub max_weight: u32,
+    /// `agent` mode: where the agent-check responder listens, e.g. `0.0.0.0:5555`.
+    #[serde(default)]
+    pub agent_listen: Option<String>,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+
+fn default_max_weight() -> u32 {
+    HAPROXY_MAX_WEIGHT
 }
 
 impl HaproxyConfig {
+    /// Runtime-API mode with defaults for everything else.
+    pub fn runtime(address: impl Into<String>, backend: impl Into<String>) -> Self {
+        HaproxyConfig {
+            mode: HaproxyMode::RuntimeApi,
+            address: Some(address.into()),
+            backend: backend.into(),
+            match_by: MatchBy::default(),
+            timeout: default_timeout(),
+            allow_drain: false,
+            ratio_max: None,
+            max_weight: default_max_weight(),
+            agent_listen: None,
+        }
+    }
+
+    /// Agent mode listening on `listen`, with defaults for everything else.
+    pub fn agent(listen: impl Into<String>, backend: impl Into<String>) -> Self {
+        HaproxyConfig {
+            mode: HaproxyMode::Agent,
+            address: None,
+            agent_listen: Some(listen.into()),
+            ..Self::runtime("", backend)
+        }
+    }
+
     pub fn validate(&self) -> Vec<(String, String)> {
-        Vec::new()
+        let mut errs = Vec::new();
+        let mut err = |f: &str, m: String| errs.push((f.to_string(), m));
+        if self.backend.is_empty() {
+            err("backend", "required: the HAProxy backend whose servers get the weights".into());
+        } else if !runtime::valid_name(&self.backend) {
+            err(
+                "backend",
+                format!("`{}`: HAProxy names hold only letters, digits, '-', '_', '.', ':'", self.backend),
+            );
+        }
+        match (&self.address, self.mode) {
+            (Some(a), _) => {
+                if let Err(e) = RuntimeAddr::parse(a) {
+                    err("address", e);
+                }
+            }
+            (None, HaproxyMode::RuntimeApi) => err(
+                "address",
+                "required with mode runtime-api: `unix:/var/run/haproxy/admin.sock` or `127.0.0.1:9999`, matching \
+                 a `stats socket ... level admin` line in haproxy.cfg (or use `mode: agent`)"
+                    .into(),
+            ),
+            (None, HaproxyMode::Agent) => {}
+        }
+        match (&self.agent_listen, self.mode) {
+            (Some(l), HaproxyMode::Agent) => {
+                if l.parse::<SocketAddr>().is_err() {
+                    err("agent_listen", format!("`{l}` is not an IP:port to listen on, e.g. `0.0.0.0:5555`"));
+                }
+            }
+            (None, HaproxyMode::Agent) => err(
+                "agent_listen",
+                "required with mode agent: the IP:port HAProxy's agent-check connects to, e.g. `0.0.0.0:5555`".into(),
+            ),
+            (Some(_), HaproxyMode::RuntimeApi) => {
+                err("agent_listen", "only used with `mode: agent`; remove it or set the mode".into())
+            }
+            (None, HaproxyMode::RuntimeApi) => {}
+        }
+        if self.timeout.is_zero() {
+            err("timeout", "must be > 0, e.g. `2s`".into());
+        }
+        if !(1..=HAPROXY_MAX_WEIGHT).contains(&self.max_weight) {
+            err("max_weight", format!("{} is outside HAProxy's weights 1..=256", self.max_weight));
+        }
+        if self.ratio_max == Some(0) {
+            err("ratio_max", "must be > 0: the ratio that maps to `max_weight`".into());
+        }
+        errs
+    }
+
+    fn weight_map(&self) -> WeightMap {
+        WeightMap { ratio_max: self.ratio_max, max_weight: self.max_weight, allow_drain: self.allow_drain }
     }
 }
 
-pub struct HaproxySink;
+/// The HAProxy sink for one pool. See the module docs.
+pub struct HaproxySink {
+    backend: String,
+    pool: String,
+    match_by: MatchBy,
+    map: WeightMap,
+    runtime: Option<RuntimeClient>,
+    agent: Option<AgentHandle>,
+}
 
 impl HaproxySink {
-    pub fn new(_cfg: &HaproxyConfig, _pool: &str) -> Result<Self, SinkError> {
-        Err(SinkError::Config("the haproxy sink is not built yet".into()))
+    /// Check the config and, in agent mode, start listening (so call it inside the tokio runtime).
+    pub fn new(cfg: &HaproxyConfig, pool: &str) -> Result<Self, SinkError> {
+        let problems = cfg.validate();
+        if !problems.is_empty() {
+            let list: Vec<String> = problems.iter().map(|(f, m)| format!("{f}: {m}")).collect();
+            return Err(SinkError::Config(format!("haproxy sink of pool {pool}: {}", list.join("; "))));
+        }
+        let runtime = match &cfg.address {
+            Some(a) => {
+                Some(RuntimeClient::new(RuntimeAddr::parse(a).map_err(SinkError::Config)?, cfg.timeout))
+            }
+            None => None,
+        };
+        let agent = match (cfg.mode, &cfg.agent_listen) {
+            (HaproxyMode::Agent, Some(listen)) => Some(bind_agent(listen, pool)?),
+            _ => None,
+        };
+        Ok(HaproxySink {
+            backend: cfg.backend.clone(),
+            pool: pool.to_string(),
+            match_by: cfg.match_by,
+            map: cfg.weight_map(),
+            runtime,
+            agent,
+        })
     }
+
+    /// Where the agent-check responder listens (agent mode), with the real port when `:0` was asked.
+    pub fn agent_addr(&self) -> Option<SocketAddr> {
+        self.agent.as_ref().map(|a| a.local_addr())
+    }
+
+    /// The runtime API client, when an `address` is configured.
+    pub fn runtime(&self) -> Option<&RuntimeClient> {
+        self.runtime.as_ref()
+    }
+
+    fn target(&self) -> String {
+        match &self.runtime {
+            Some(r) => format!("haproxy backend {} via {} (pool {})", self.backend, r.addr(), self.pool),
+            None => format!("haproxy backend {} (pool {})", self.backend, self.pool),
+        }
+    }
+
+    /// Re-label a runtime-client error with the backend and pool it concerns.
+    fn retarget(&self, e: SinkError) -> SinkError {
+        let target = self.target();
+        match e {
+            SinkError::Unreachable { detail, .. } => SinkError::Unreachable { target, detail },
+            SinkError::Temporary { detail, .. } => SinkError::Temporary { target, detail },
+            SinkError::Rejected { detail, .. } => SinkError::Rejected { target, detail },
+            SinkError::Auth { detail, .. } => SinkError::Auth { target, detail },
+            other => other,
+        }
+    }
+
+    async fn servers(&self, rt: &RuntimeClient) -> Result<Vec<state::ServerState>, SinkError> {
+        rt.servers_state(&self.backend).await.map_err(|e| self.retarget(e))
+    }
+
+    async fn apply_runtime(&self, rt: &RuntimeClient, desired: &Ratios) -> Result<Applied, SinkError> {
+        let servers = self.servers(rt).await?;
+        let plan = plan::plan(&servers, desired, &self.map, self.match_by, &self.backend)
+            .map_err(|detail| SinkError::Rejected { target: self.target(), detail })?;
+        if !plan.pushes.is_empty() {
+            let sets: Vec<(String, u32)> = plan.pushes.iter().map(|p| (p.server.clone(), p.to)).collect();
+            tracing::debug!(backend = %self.backend, pushes = ?plan.pushes, "haproxy: setting weights");
+            let refused = rt.set_weights(&self.backend, &sets).await.map_err(|e| self.retarget(e))?;
+            if !refused.is_empty() {
+                return Err(self.refusal_error(&plan.pushes, &refused));
+            }
+        }
+        Ok(Applied { changed: plan.changed, unchanged: plan.unchanged, warnings: plan.warnings })
+    }
+
+    /// One error for the `set` commands HAProxy refused, each with server, member and HAProxy's words.
+    fn refusal_error(&self, pushes: &[plan::Push], refused: &[runtime::Refusal]) -> SinkError {
+        let target = self.target();
+        let items: Vec<String> = refused
+            .iter()
+            .map(|r| {
+                let member =
+                    pushes.iter().find(|p| p.server == r.server).map(|p| p.member.as_str()).unwrap_or("?");
+                format!(
+                    "{}/{} (member {member}) weight {}: \"{}\"{}",
+                    self.backend,
+                    r.server,
+                    r.weight,
+                    r.message,
+                    hint(&r.message)
+                )
+            })
+            .collect();
+        let detail = format!(
+            "HAProxy refused {} of {} weight changes: {}",
+            refused.len(),
+            pushes.len(),
+            items.join("; ")
+        );
+        if refused.iter().any(|r| r.message.contains("Permission denied")) {
+            SinkError::Auth { target, detail }
+        } else if refused.iter().all(|r| r.message.starts_with("No such")) {
+            // The state was read a moment ago, so the server vanished in between (a reload with a new
+            // config): the next cycle re-reads and will not ask for it again.
+            SinkError::Temporary { target, detail }
+        } else {
+            SinkError::Rejected { target, detail }
+        }
+    }
+
+    fn apply_agent(&self, agent: &AgentHandle, desired: &Ratios) -> Result<Applied, SinkError> {
+        let mut warnings = Vec::new();
+        let mut percentages = Ratios::default();
+        for (member, ratio) in desired.iter() {
+            let mapped = self.map.weight(ratio);
+            if mapped.clamped {
+                warnings.push(format!(
+                    "ratio {ratio} of {member} is above the largest weight {}; answering {}% (set `ratio_max` to \
+                     scale ratios instead of clamping them)",
+                    self.map.max_weight, mapped.weight
+                ));
+            }
+            percentages.0.insert(member.clone(), mapped.weight);
+        }
+        // The agent cannot see servers it has no ratio for; refusing an all-zero table is the closest
+        // it gets to "never drain the whole backend".
+        if !percentages.is_empty() && percentages.drains_everything() {
+            return Err(SinkError::Rejected {
+                target: self.target(),
+                detail:
+                    "refusing to answer 0% for every member: HAProxy would send new requests nowhere. Keep \
+                         at least one member's ratio above 0 (the agent keeps its previous answers)"
+                        .into(),
+            });
+        }
+        let changed = agent.update(&percentages);
+        Ok(Applied { changed, unchanged: desired.len() - changed, warnings })
+    }
+}
+
+fn hint(message: &str) -> &'static str {
+    if message.contains("static LB algorithm") {
+        " (weights of a static-rr or map-based hash backend cannot change at runtime; use `balance roundrobin` \
+         or `balance leastconn`)"
+    } else if message.contains("Permission denied") {
+        " (the runtime API socket is not `level admin`; add `level admin` to its `stats socket` line; reads work \
+         at level user, writes do not)"
+    } else if message.starts_with("No such") {
+        " (gone since the state was read, probably a reload; the next cycle re-reads)"
+    } else {
+        ""
+    }
+}
+
+fn bind_agent(listen: &str, pool: &str) -> Result<AgentHandle, SinkError> {
+    // Bound synchronously so that `new` reports a taken port at once, then handed to tokio.
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(SinkError::Config(format!(
+            "haproxy sink of pool {pool}: agent mode must be built inside the tokio runtime (it starts a listener)"
+        )));
+    }
+    let cannot = |e: std::io::Error| {
+        SinkError::Config(format!(
+            "haproxy sink of pool {pool}: cannot listen on agent_listen {listen}: {e}; pick a free port or address"
+        ))
+    };
+    let std_listener = std::net::TcpListener::bind(listen).map_err(cannot)?;
+    std_listener.set_nonblocking(true).map_err(cannot)?;
+    let listener = tokio::net::TcpListener::from_std(std_listener).map_err(cannot)?;
+    let (handle, local) = AgentResponder::serve(listener).map_err(cannot)?;
+    tracing::info!(pool, %local, "haproxy agent-check responder listening");
+    Ok(handle)
 }
 
 #[async_trait]
@@ -33,10 +362,104 @@ impl RatioSink for HaproxySink {
     fn kind(&self) -> &'static str {
         "haproxy"
     }
-    async fn current(&self) -> Result<Option<Ratios>, SinkError> {
-        Ok(None)
+
+    /// The backend's servers as `addr:port`, from `show servers state`. Servers without an address yet
+    /// (unresolved `server-template` slots) are left out.
+    async fn members(&self) -> Result<Option<Vec<MemberId>>, SinkError> {
+        let Some(rt) = &self.runtime else { return Ok(None) };
+        let servers = self.servers(rt).await?;
+        let ids: BTreeSet<MemberId> = servers.iter().filter_map(|s| s.member_id()).collect();
+        Ok(Some(ids.into_iter().collect()))
     }
-    async fn apply(&self, _desired: &Ratios) -> Result<Applied, SinkError> {
-        Err(SinkError::Config("the haproxy sink is not built yet".into()))
+
+    /// Weights HAProxy has now, keyed `addr:port`, converted back to ratios when `ratio_max` scales them.
+    /// In agent mode without `address`: `None` (the agent cannot see what HAProxy applied).
+    async fn current(&self) -> Result<Option<Ratios>, SinkError> {
+        let Some(rt) = &self.runtime else { return Ok(None) };
+        let servers = self.servers(rt).await?;
+        let mut out = Ratios::default();
+        for s in &servers {
+            if let Some(id) = s.member_id() {
+                out.0.entry(id).or_insert(self.map.ratio(s.weight));
+            }
+        }
+        Ok(Some(out))
+    }
+
+    async fn apply(&self, desired: &Ratios) -> Result<Applied, SinkError> {
+        match (&self.agent, &self.runtime) {
+            (Some(agent), _) => self.apply_agent(agent, desired),
+            (None, Some(rt)) => self.apply_runtime(rt, desired).await,
+            (None, None) => Err(SinkError::Config(format!(
+                "{}: neither a runtime API address nor an agent",
+                self.target()
+            ))),
+        }
+    }
+
+    async fn shutdown(&self) {
+        if let Some(agent) = &self.agent {
+            agent.stop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: serde_json::Value) -> HaproxyConfig {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn minimal_runtime_config_needs_address_and_backend() {
+        let c = parse(serde_json::json!({"address": "unix:/run/haproxy/admin.sock", "backend": "llm"}));
+        assert_eq!(c.mode, HaproxyMode::RuntimeApi);
+        assert_eq!(c.timeout, Duration::from_secs(2));
+        assert_eq!((c.max_weight, c.allow_drain, c.match_by), (256, false, MatchBy::Address));
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+
+        let c = parse(serde_json::json!({"backend": "llm"}));
+        assert_eq!(c.validate()[0].0, "address");
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let c = parse(serde_json::json!({
+            "address": "nowhere", "backend": "llm;shutdown", "timeout": "0s", "max_weight": 300, "ratio_max": 0,
+            "agent_listen": "0.0.0.0:5555", "match_by": "name"
+        }));
+        let errs = c.validate();
+        let fields: Vec<&str> = errs.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(fields, vec!["backend", "address", "agent_listen", "timeout", "max_weight", "ratio_max"]);
+        assert!(
+            serde_json::from_value::<HaproxyConfig>(serde_json::json!({"backend": "b", "typo": 1})).is_err()
+        );
+    }
+
+    #[test]
+    fn agent_mode_needs_a_listen_address_only() {
+        let c = parse(serde_json::json!({"mode": "agent", "backend": "llm", "agent_listen": "127.0.0.1:0"}));
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        let c = parse(serde_json::json!({"mode": "agent", "backend": "llm"}));
+        assert_eq!(c.validate()[0].0, "agent_listen");
+    }
+
+    #[test]
+    fn new_reports_every_problem() {
+        let Err(SinkError::Config(msg)) = HaproxySink::new(&HaproxyConfig::runtime("", ""), "p1") else {
+            panic!("expected a config error")
+        };
+        assert!(msg.contains("pool p1") && msg.contains("backend:") && msg.contains("address:"), "{msg}");
+    }
+
+    #[test]
+    fn agent_mode_outside_a_runtime_is_a_clear_error() {
+        let Err(SinkError::Config(msg)) = HaproxySink::new(&HaproxyConfig::agent("127.0.0.1:0", "llm"), "p")
+        else {
+            panic!("expected a config error")
+        };
+        assert!(msg.contains("tokio runtime"), "{msg}");
     }
 }
