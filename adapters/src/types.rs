@@ -81,8 +81,10 @@ impl FromIterator<(MemberId, u32)> for Ratios {
 
 /// Where a secret comes from. File and environment always work, so nothing sensitive has to sit in
 /// the config file; `value` exists for local experiments.
+///
+/// Written as a one-key map: `{ file: /path }`, `{ env: NAME }` or `{ value: "..." }`.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[serde(try_from = "SecretRefRepr")]
 pub enum SecretRef {
     /// Read from a file at use time (a mounted Kubernetes Secret or service-account token); trailing
     /// whitespace is trimmed.
@@ -91,6 +93,28 @@ pub enum SecretRef {
     Env(String),
     /// Inline in the config. Convenient, but ends up in ConfigMaps and shell history.
     Value(String),
+}
+
+/// The map form users write; YAML crates would otherwise want `!file` tags for an enum.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecretRefRepr {
+    file: Option<std::path::PathBuf>,
+    env: Option<String>,
+    value: Option<String>,
+}
+
+impl TryFrom<SecretRefRepr> for SecretRef {
+    type Error = &'static str;
+
+    fn try_from(r: SecretRefRepr) -> Result<Self, Self::Error> {
+        match (r.file, r.env, r.value) {
+            (Some(f), None, None) => Ok(SecretRef::File(f)),
+            (None, Some(e), None) => Ok(SecretRef::Env(e)),
+            (None, None, Some(v)) => Ok(SecretRef::Value(v)),
+            _ => Err("a secret is exactly one of `file: PATH`, `env: VARIABLE` or `value: TEXT`"),
+        }
+    }
 }
 
 impl fmt::Debug for SecretRef {
@@ -138,6 +162,16 @@ mod tests {
         assert!(r.drains_everything());
         let r: Ratios = [(MemberId::from("a:1"), 0), (MemberId::from("b:1"), 3)].into_iter().collect();
         assert!(!r.drains_everything());
+    }
+
+    #[test]
+    fn secret_forms_parse_from_maps() {
+        let f: SecretRef = serde_json::from_str(r#"{"file": "/run/token"}"#).expect("file");
+        assert_eq!(f, SecretRef::File("/run/token".into()));
+        let e: SecretRef = serde_json::from_str(r#"{"env": "TOKEN"}"#).expect("env");
+        assert_eq!(e, SecretRef::Env("TOKEN".into()));
+        let both = serde_json::from_str::<SecretRef>(r#"{"env": "A", "value": "b"}"#).expect_err("two forms");
+        assert!(both.to_string().contains("exactly one"), "{both}");
     }
 
     #[test]
