@@ -1,5 +1,5 @@
-//! `headroom`: the memoryless baseline. Each member's ratio falls linearly with a weighted score of
-//! its KV usage and queue; nothing is remembered between cycles.
+//! `headroom`: the memoryless baseline. Each member's ratio is proportional to its headroom
+//! `1 / (1 + score)`, where the score weighs KV usage and queue; nothing is remembered between cycles.
 //!
 //! It is the obvious first design and it oscillates under feedback from the balancer: a loaded server
 //! gets a low ratio, drains, gets a high ratio, overloads. It stays selectable so the benchmark can
@@ -71,10 +71,10 @@ impl Headroom {
                     Some(kv) => kv,
                     None => s.running / p.running_norm,
                 };
-                let queue = (s.waiting / p.queue_norm).min(1.0);
-                let score =
-                    (p.kv_weight * busy.min(1.0) + p.queue_weight * queue) / (p.kv_weight + p.queue_weight);
-                ((*m).clone(), input.range.clamp(lo + (hi - lo) * (1.0 - score)))
+                let score = p.kv_weight * busy + p.queue_weight * s.waiting / p.queue_norm;
+                // Headroom 1/(1+score): full ratio when idle, half at a full cache, and still falling
+                // (never flat) as the queue grows, so more load never earns a higher ratio.
+                ((*m).clone(), input.range.clamp(lo + (hi - lo) / (1.0 + score)))
             })
             .collect()
     }

@@ -8,6 +8,8 @@
 
 pub mod feedback;
 pub mod headroom;
+#[cfg(test)]
+mod properties;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,7 +24,7 @@ use crate::source::{Sample, Snapshot};
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum PolicyConfig {
-    /// Memoryless: ratio falls linearly with a weighted score of KV usage and queue.
+    /// Memoryless: ratio proportional to `1 / (1 + score)` of KV usage and queue.
     Headroom(headroom::HeadroomParams),
     /// Integral: moves every ratio toward equal load across the pool each cycle.
     Feedback(feedback::FeedbackParams),
