@@ -257,21 +257,28 @@ impl Engine {
         self.max_model_len
     }
 
-    /// Queue a request at the back of the waiting queue.
-    pub fn add_request(&mut self, req: EngineRequest) -> Result<(), RejectReason> {
+    /// Would `add_request` accept these sizes? (Everything but the id check.) Servers call this
+    /// before answering, to give vLLM's 400 without a round trip to the engine task.
+    pub fn check_sizes(max_model_len: u32, req: &EngineRequest) -> Result<(), RejectReason> {
         if req.prompt_tokens == 0 {
             return Err(RejectReason::EmptyPrompt);
         }
         if req.max_tokens == 0 {
             return Err(RejectReason::ZeroMaxTokens);
         }
-        if u64::from(req.prompt_tokens) + u64::from(req.max_tokens) > u64::from(self.max_model_len) {
+        if u64::from(req.prompt_tokens) + u64::from(req.max_tokens) > u64::from(max_model_len) {
             return Err(RejectReason::TooLong {
                 prompt_tokens: req.prompt_tokens,
                 max_tokens: req.max_tokens,
-                max_model_len: self.max_model_len,
+                max_model_len,
             });
         }
+        Ok(())
+    }
+
+    /// Queue a request at the back of the waiting queue.
+    pub fn add_request(&mut self, req: EngineRequest) -> Result<(), RejectReason> {
+        Self::check_sizes(self.max_model_len, &req)?;
         if self.index.contains_key(&req.id) {
             return Err(RejectReason::DuplicateId(req.id));
         }

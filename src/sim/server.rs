@@ -1,0 +1,341 @@
+//! One replica's HTTP server: the OpenAI-compatible API, `/health`, `/metrics`, and the `/admin`
+//! routes (handled in [`super::fleet`]).
+//!
+//! Routes (as vLLM serves them):
+//! - `POST /v1/completions`, `POST /v1/chat/completions`: streaming (SSE) and not.
+//! - `GET /v1/models`: the replica's model names and LoRA adapters (adapters list their base model
+//!   as `parent`).
+//! - `GET /health`: 200 with an empty body while the replica is up (also while "hung", like a vLLM
+//!   whose GPU is stuck but whose API process still answers).
+//! - `GET /metrics`: Prometheus text in the replica's [`MetricsStyle`].
+//!
+//! A request whose replica goes down mid-answer loses its connection (the body ends with an error),
+//! as with a crashed server. A client that disconnects has its request aborted in the engine.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
+
+use super::driver::{unix_now, Cmd, Observed, Out, Submission};
+use super::engine::{Engine, EngineRequest, FinishReason};
+use super::fleet::{self, FleetInner, OutputLen};
+use super::metrics::{self, MetricsStyle, MetricsView};
+use super::openai::{self, ApiError, Endpoint, GenRequest, ResponseMeta};
+use super::profile::{ModelProfile, BLOCK_SIZE};
+use super::tokenize;
+
+/// Everything one replica's handlers share.
+pub(crate) struct Replica {
+    pub index: usize,
+    pub profile: ModelProfile,
+    /// Served model names; the first is the default and the `model_name` label.
+    pub models: Vec<String>,
+    pub adapters: Vec<String>,
+    pub style: MetricsStyle,
+    pub output_len: OutputLen,
+    pub cmd: UnboundedSender<Cmd>,
+    pub observed: Arc<Mutex<Observed>>,
+    /// Fraction of generation requests answered 500, as f64 bits.
+    pub fail_rate: AtomicU64,
+    pub hang: AtomicBool,
+    pub rng: Mutex<ChaCha8Rng>,
+    pub next_id: AtomicU64,
+}
+
+impl Replica {
+    pub fn observed(&self) -> std::sync::MutexGuard<'_, Observed> {
+        match self.observed.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    pub fn fail_rate(&self) -> f64 {
+        f64::from_bits(self.fail_rate.load(Ordering::Relaxed))
+    }
+
+    fn roll(&self) -> f64 {
+        match self.rng.lock() {
+            Ok(mut r) => r.gen::<f64>(),
+            Err(p) => p.into_inner().gen::<f64>(),
+        }
+    }
+
+    fn sample_output_len(&self) -> u32 {
+        match self.rng.lock() {
+            Ok(mut r) => self.output_len.sample(&mut *r),
+            Err(p) => self.output_len.sample(&mut *p.into_inner()),
+        }
+    }
+
+    /// The model name to echo and the adapter, for a requested model.
+    fn resolve(&self, model: Option<&str>) -> Result<(String, Option<String>), ApiError> {
+        match model {
+            None => Ok((self.models[0].clone(), None)),
+            Some(m) if self.models.iter().any(|x| x == m) => Ok((m.to_string(), None)),
+            Some(m) if self.adapters.iter().any(|x| x == m) => Ok((m.to_string(), Some(m.to_string()))),
+            Some(m) => Err(ApiError::model_not_found(m)),
+        }
+    }
+}
+
+/// Router state: this replica, and the fleet for `/admin`.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub replica: Arc<Replica>,
+    pub fleet: Weak<FleetInner>,
+}
+
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .merge(fleet::admin_routes())
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, Json(json!({"detail": "Not Found"}))).into_response()
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn completions(State(app): State<AppState>, body: Bytes) -> Response {
+    match openai::parse_completion(&body) {
+        Ok(g) => generate(&app.replica, g).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn chat_completions(State(app): State<AppState>, body: Bytes) -> Response {
+    match openai::parse_chat(&body) {
+        Ok(g) => generate(&app.replica, g).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn models(State(app): State<AppState>) -> Json<serde_json::Value> {
+    let r = &app.replica;
+    let created = r.observed().started_unix as u64;
+    let max_len = r.profile.max_model_len;
+    let mut data: Vec<serde_json::Value> = r
+        .models
+        .iter()
+        .map(|m| {
+            json!({"id": m, "object": "model", "created": created, "owned_by": "vllm", "root": m,
+                   "parent": null, "max_model_len": max_len})
+        })
+        .collect();
+    data.extend(r.adapters.iter().map(|a| {
+        json!({"id": a, "object": "model", "created": created, "owned_by": "vllm", "root": a,
+               "parent": r.models[0], "max_model_len": null})
+    }));
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn metrics_text(State(app): State<AppState>) -> Response {
+    let r = &app.replica;
+    let text = {
+        let obs = r.observed();
+        let view = MetricsView {
+            model_name: &r.models[0],
+            engine: "0",
+            stats: &obs.stats,
+            requests: &obs.requests,
+            block_size: BLOCK_SIZE,
+            lora: obs.lora.as_ref(),
+            created_unix: obs.started_unix,
+            now_unix: unix_now(),
+        };
+        metrics::render(r.style, &view)
+    };
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+/// Aborts the request in the engine if the handler or its stream is dropped before the end.
+struct AbortGuard {
+    id: u64,
+    cmd: UnboundedSender<Cmd>,
+    done: bool,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.cmd.send(Cmd::Abort { id: self.id });
+        }
+    }
+}
+
+async fn generate(r: &Arc<Replica>, g: GenRequest) -> Response {
+    let (model, adapter) = match r.resolve(g.model.as_deref()) {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    let rate = r.fail_rate();
+    if rate > 0.0 && r.roll() < rate {
+        return ApiError::internal(format!(
+            "simulated failure: replica {} fails {:.0}% of requests (set by /admin/replicas/{}/fail)",
+            r.index,
+            rate * 100.0,
+            r.index
+        ))
+        .into_response();
+    }
+    let max_model_len = r.profile.max_model_len;
+    let max_tokens = g.max_tokens.unwrap_or_else(|| max_model_len.saturating_sub(g.prompt_tokens));
+    let eos_after = if g.max_tokens.is_none() && !g.ignore_eos { Some(r.sample_output_len()) } else { None };
+    let id = r.next_id.fetch_add(1, Ordering::Relaxed);
+    let req = EngineRequest { id, prompt_tokens: g.prompt_tokens, max_tokens, eos_after };
+    if let Err(e) = Engine::check_sizes(max_model_len, &req) {
+        return ApiError::bad_request(e.to_string()).into_response();
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let sub = Submission { req, adapter, arrived: Instant::now(), tx };
+    if r.cmd.send(Cmd::Submit(sub)).is_err() {
+        return ApiError::unavailable("the replica's engine has stopped; the fleet is shutting down")
+            .into_response();
+    }
+    let guard = AbortGuard { id, cmd: r.cmd.clone(), done: false };
+    let meta = ResponseMeta::new(g.endpoint, id, unix_now() as u64, model);
+    if g.stream {
+        stream_response(g, meta, rx, guard)
+    } else {
+        full_response(g, meta, rx, guard).await
+    }
+}
+
+/// A response whose connection breaks: what a client of a crashed server sees.
+fn broken() -> Response {
+    let err = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "replica went down");
+    Body::from_stream(futures::stream::once(async move { Err::<Bytes, _>(err) })).into_response()
+}
+
+async fn full_response(
+    g: GenRequest,
+    meta: ResponseMeta,
+    mut rx: UnboundedReceiver<Out>,
+    mut guard: AbortGuard,
+) -> Response {
+    let mut text = String::new();
+    let mut n = 0u32;
+    loop {
+        match rx.recv().await {
+            Some(Out::Token { finish }) => {
+                text.push_str(tokenize::output_piece(n));
+                n += 1;
+                if let Some((produced, reason)) = finish {
+                    guard.done = true;
+                    let body = openai::full_response(
+                        g.endpoint,
+                        &meta,
+                        &text,
+                        reason.as_str(),
+                        g.prompt_tokens,
+                        produced,
+                    );
+                    return Json(body).into_response();
+                }
+            }
+            Some(Out::Rejected(e)) => {
+                guard.done = true;
+                return ApiError::bad_request(e.to_string()).into_response();
+            }
+            None => {
+                guard.done = true; // the engine dropped it: nothing to abort
+                return broken();
+            }
+        }
+    }
+}
+
+enum Phase {
+    Tokens,
+    Usage(u32),
+    Done,
+    End,
+}
+
+struct StreamState {
+    g: GenRequest,
+    meta: ResponseMeta,
+    rx: UnboundedReceiver<Out>,
+    guard: AbortGuard,
+    produced: u32,
+    phase: Phase,
+}
+
+fn stream_response(
+    g: GenRequest,
+    meta: ResponseMeta,
+    rx: UnboundedReceiver<Out>,
+    guard: AbortGuard,
+) -> Response {
+    let state = StreamState { g, meta, rx, guard, produced: 0, phase: Phase::Tokens };
+    let body = futures::stream::unfold(state, |mut s| async move {
+        let item: Result<Bytes, std::io::Error> = match s.phase {
+            Phase::End => return None,
+            Phase::Done => {
+                s.phase = Phase::End;
+                Ok(Bytes::from_static(openai::SSE_DONE.as_bytes()))
+            }
+            Phase::Usage(completion) => {
+                s.phase = Phase::Done;
+                let u = openai::usage_chunk(s.g.endpoint, &s.meta, s.g.prompt_tokens, completion);
+                Ok(Bytes::from(openai::sse(&u)))
+            }
+            Phase::Tokens => match s.rx.recv().await {
+                Some(Out::Token { finish }) => {
+                    let mut out = String::new();
+                    if s.produced == 0 && s.g.endpoint == Endpoint::Chat {
+                        out.push_str(&openai::sse(&openai::chat_role_chunk(&s.meta, s.g.include_usage)));
+                    }
+                    let piece = tokenize::output_piece(s.produced);
+                    s.produced += 1;
+                    let reason = finish.map(|(_, r): (u32, FinishReason)| r.as_str());
+                    let chunk = openai::token_chunk(s.g.endpoint, &s.meta, piece, reason, s.g.include_usage);
+                    out.push_str(&openai::sse(&chunk));
+                    if let Some((produced, _)) = finish {
+                        s.guard.done = true;
+                        s.phase = if s.g.include_usage { Phase::Usage(produced) } else { Phase::Done };
+                    }
+                    Ok(Bytes::from(out))
+                }
+                Some(Out::Rejected(e)) => {
+                    s.guard.done = true;
+                    s.phase = Phase::Done;
+                    let err = ApiError::bad_request(e.to_string());
+                    Ok(Bytes::from(openai::sse(&err.body())))
+                }
+                None => {
+                    s.guard.done = true;
+                    s.phase = Phase::End;
+                    Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "replica went down"))
+                }
+            },
+        };
+        Some((item, s))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| ApiError::internal("could not build the stream response").into_response())
+}
