@@ -380,11 +380,6 @@ impl Config {
                             "must be at least 1s (and should cover a few scrape intervals)",
                         );
                     }
-                    if let Some(ca) = &p.ca_file {
-                        if !ca.exists() {
-                            err(at("ca_file"), &format!("{} does not exist", ca.display()));
-                        }
-                    }
                 }
                 SourceConfig::Scrape(s) => {
                     if s.timeout.is_zero() {
@@ -398,11 +393,6 @@ impl Config {
                     }
                     if !s.path.starts_with('/') {
                         err(at("path"), "must start with /");
-                    }
-                    if let Some(ca) = &s.ca_file {
-                        if !ca.exists() {
-                            err(at("ca_file"), &format!("{} does not exist", ca.display()));
-                        }
                     }
                 }
             }

@@ -10,6 +10,7 @@ pub mod config;
 pub mod controller;
 pub mod plan;
 pub mod policy;
+pub mod proxy;
 pub mod quickstart;
 pub mod report;
 pub mod sim;

@@ -10,7 +10,7 @@ use llm_load_controller::config::{self, LogFormat};
 use llm_load_controller::controller::{self, Controller, Output};
 use llm_load_controller::quickstart::QuickStart;
 use llm_load_controller::telemetry::Telemetry;
-use llm_load_controller::{adapters, sim};
+use llm_load_controller::{adapters, bench, proxy, sim};
 
 #[derive(Parser)]
 #[command(
@@ -34,6 +34,10 @@ enum Command {
     },
     /// Run a simulated vLLM fleet (OpenAI API + vLLM metrics).
     Sim(sim::SimArgs),
+    /// Virtual-time benchmark: balancers and policies compared on simulated fleets.
+    Bench(bench::BenchArgs),
+    /// Reference proxy: routing table on the request body, then weighted choice by ratios.
+    Proxy(proxy::ProxyArgs),
 }
 
 #[derive(clap::Args)]
@@ -102,6 +106,11 @@ async fn main() -> ExitCode {
         Command::Sim(args) => {
             init_logging(LogFormat::Text);
             report(sim::run(args).await)
+        }
+        Command::Bench(args) => report(bench::run(args)),
+        Command::Proxy(args) => {
+            init_logging(LogFormat::Text);
+            report(proxy::run(args).await)
         }
     }
 }

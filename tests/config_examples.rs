@@ -1,0 +1,82 @@
+//! Every example in config/ passes `check`, and typical mistakes fail it with exit code 2 and a
+//! message naming the file and field.
+
+use std::path::Path;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
+
+fn check(path: &Path) -> std::process::Output {
+    Command::new(BIN).args(["check", "--config"]).arg(path).output().expect("run check")
+}
+
+#[test]
+fn every_example_in_config_passes_check() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).expect("config/ exists") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") || is_not_controller_config(&path) {
+            continue;
+        }
+        let out = check(&path);
+        assert!(
+            out.status.success(),
+            "{} failed check:\n{}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("config OK"), "{}", path.display());
+        n += 1;
+    }
+    assert!(n >= 3, "expected at least three controller configs in config/, found {n}");
+}
+
+/// Routing tables for the reference proxy live in config/ too; they are checked by the proxy's tests.
+fn is_not_controller_config(path: &Path) -> bool {
+    std::fs::read_to_string(path).map(|t| t.lines().any(|l| l.starts_with("# proxy config"))).unwrap_or(false)
+}
+
+fn write(dir: &Path, text: &str) -> std::path::PathBuf {
+    let p = dir.join("bad.yaml");
+    std::fs::write(&p, text).expect("write");
+    p
+}
+
+#[test]
+fn misspelt_field_exits_2_naming_file_line_and_field() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = write(
+        dir.path(),
+        "sources:\n  s: { kind: scrape }\npools:\n  - name: p\n    source: s\n    members: { static: ['a:1'] }\n    polcy: { kind: feedback }\n",
+    );
+    let out = check(&p);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.yaml:7:"), "{err}");
+    assert!(err.contains("pools[0]") && err.contains("polcy"), "{err}");
+}
+
+#[test]
+fn negative_interval_exits_2_naming_the_field() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = write(dir.path(), "interval: -5s\nsources:\n  s: { kind: scrape }\npools:\n  - name: p\n    source: s\n    members: { static: ['a:1'] }\n");
+    let out = check(&p);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.yaml:1:") && err.contains("interval"), "{err}");
+}
+
+#[test]
+fn plan_shows_the_exact_promql() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = write(
+        dir.path(),
+        "sources:\n  prom: { kind: prometheus, url: 'http://prom:9090' }\npools:\n  - name: p\n    source: prom\n    selector: 'job=\"vllm\"'\n    members: { prometheus_up: '{job=\"vllm\"}' }\n",
+    );
+    let out = check(&p);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(plan.contains("sum by (instance) (vllm:num_requests_waiting{job=\"vllm\"})"), "{plan}");
+    assert!(plan.contains("discovered each cycle from up{job=\"vllm\"}"), "{plan}");
+}
