@@ -221,6 +221,24 @@ impl Haproxy {
         parse_get_weight(&reply).unwrap_or_else(|| panic!("unexpected `get weight` reply: {reply:?}"))
     }
 
+    /// One field of `show stat` (CSV) for `backend/server`, e.g. `status` (`UP`, `DOWN`, ...),
+    /// `weight`, `check_status`, `agent_status` (`L7OK`, `L4CON`, ...).
+    pub async fn stat(&self, backend: &str, server: &str, field: &str) -> String {
+        let reply = self.command("show stat").await;
+        let mut lines = reply.lines();
+        let header: Vec<&str> =
+            lines.next().unwrap_or_default().trim_start_matches("# ").split(',').collect();
+        let i = header
+            .iter()
+            .position(|h| *h == field)
+            .unwrap_or_else(|| panic!("no column {field} in show stat"));
+        lines
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .find(|f| f.first() == Some(&backend) && f.get(1) == Some(&server))
+            .and_then(|f| f.get(i).map(|v| v.to_string()))
+            .unwrap_or_else(|| panic!("no {backend}/{server} in show stat"))
+    }
+
     /// `srv_name -> srv_uweight` of one backend, from `show servers state`.
     pub async fn state_weights(&self, backend: &str) -> BTreeMap<String, u32> {
         let reply = self.command(&format!("show servers state {backend}")).await;
