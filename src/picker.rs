@@ -135,7 +135,7 @@ impl Picker {
                 (!cands.is_empty()).then(|| cands[self.rng.gen_range(0..cands.len())])
             }
             Algorithm::LeastRequest => self.least_by(|s| s.in_flight as f64, &ok),
-            Algorithm::WeightedLeastRequest => self.least_by(|s| score(s), &ok),
+            Algorithm::WeightedLeastRequest => self.least_by(score, &ok),
             Algorithm::WeightedLeastRequestP2c => {
                 let cands: Vec<usize> = (0..n).filter(|&i| ok(i, &self.slots)).collect();
                 match cands.len() {
