@@ -12,6 +12,8 @@
 //! passes to `apply` is the whole cluster. See [`assignment`] for how ratios become weights (0 means
 //! "left out", never sent) and [`registry`] for how polls are answered.
 
+#[cfg(feature = "ads")]
+pub mod ads;
 pub mod assignment;
 pub mod file;
 pub mod registry;

@@ -92,13 +92,24 @@ impl EdsRegistry {
         Self::default()
     }
 
-    /// Routes to merge into the controller's listener (`POST /v3/discovery:endpoints`).
+    /// Routes to merge into the controller's listener: `POST /v3/discovery:endpoints` (REST EDS) and,
+    /// with the `ads` feature, the gRPC ADS and EDS services.
     pub fn router(self: Arc<Self>) -> axum::Router {
-        axum::Router::new().route(EDS_PATH, post(discovery_handler)).with_state(self)
+        let rest = axum::Router::new().route(EDS_PATH, post(discovery_handler)).with_state(self.clone());
+        #[cfg(feature = "ads")]
+        let rest = rest.merge(super::ads::router(self));
+        rest
     }
 
-    /// Answer one discovery request (REST poll or a gRPC stream's request) and note who asked.
+    /// Answer one discovery request (a REST poll) and note who asked.
     pub fn discover(&self, req: &DiscoveryRequest) -> Discovery {
+        self.record(req);
+        self.answer(&req.resource_names, &req.version_info)
+    }
+
+    /// Note that an Envoy asked for these clusters holding `req.version_info`. Only clusters the
+    /// registry knows (claimed or served) are recorded.
+    pub fn record(&self, req: &DiscoveryRequest) {
         let mut st = self.lock();
         let node = req.node.as_ref().map(|n| n.id.clone()).unwrap_or_default();
         let names: Vec<String> = if req.resource_names.is_empty() {
@@ -118,16 +129,25 @@ impl EdsRegistry {
                     .insert(node.clone(), PollSeen { version: req.version_info.clone(), at: Instant::now() });
             }
         }
-        let known: Vec<&Assignment> = names.iter().filter_map(|n| st.clusters.get(n)).collect();
+    }
+
+    /// What to send an Envoy that holds `version` of `names` (empty: every cluster).
+    pub fn answer(&self, names: &[String], version: &str) -> Discovery {
+        let st = self.lock();
+        let known: Vec<&Assignment> = if names.is_empty() {
+            st.clusters.values().collect()
+        } else {
+            names.iter().filter_map(|n| st.clusters.get(n)).collect()
+        };
         if known.is_empty() {
             return Discovery::NotModified;
         }
-        let version = combined_version(&known);
-        if version == req.version_info {
+        let next = combined_version(&known);
+        if next == version {
             return Discovery::NotModified;
         }
         Discovery::Response(DiscoveryResponse {
-            version_info: version,
+            version_info: next,
             resources: known.iter().map(|a| a.cla.clone()).collect(),
             type_url: CLA_TYPE_URL.to_string(),
         })
