@@ -70,19 +70,25 @@ async fn scaled_ratios_name_matching_and_drain() {
         sink(HaproxyConfig { ratio_max: Some(1000), ..HaproxyConfig::runtime(hx.runtime_address(), "be") });
     scaled.apply(&ratios(&[(&a, 500), (&b, 1000), (&c, 1)])).await.unwrap();
     assert_eq!(hx.state_weights("be").await.into_values().collect::<Vec<_>>(), vec![128, 256, 1]);
-    let cur = scaled.current().await.unwrap().unwrap();
-    assert_eq!((cur.get(&MemberId::new(&a)), cur.get(&MemberId::new(&b))), (Some(500), Some(1000)));
+    // current() reports the applied ratios exactly (ratio 1 became weight 1, which alone would read
+    // back as ratio 4), so the controller sees "already applied" and skips the push.
+    assert_eq!(scaled.current().await.unwrap(), Some(ratios(&[(&a, 500), (&b, 1000), (&c, 1)])));
+    // Hand edit: drift shows, converted back through ratio_max.
+    hx.command("set server be/s1 weight 64").await;
+    assert_eq!(scaled.current().await.unwrap().unwrap().get(&MemberId::new(&a)), Some(250));
 
     // match_by name: the member id is the server name.
     let by_name =
         sink(HaproxyConfig { match_by: MatchBy::Name, ..HaproxyConfig::runtime(hx.runtime_address(), "be") });
     by_name.apply(&ratios(&[("s2", 9)])).await.unwrap();
     assert_eq!(hx.weight("be", "s2").await.0, 9);
+    assert_eq!(by_name.current().await.unwrap().unwrap().get(&MemberId::new("s2")), Some(9));
 
     // Ratio 0 without allow_drain: weight 1, never 0.
     let plain = sink(HaproxyConfig::runtime(hx.runtime_address(), "be"));
     plain.apply(&ratios(&[(&a, 0), (&b, 4), (&c, 4)])).await.unwrap();
     assert_eq!(hx.weight("be", "s1").await.0, 1);
+    assert_eq!(plain.current().await.unwrap(), Some(ratios(&[(&a, 0), (&b, 4), (&c, 4)])));
 
     // With allow_drain: one server may go to 0 ...
     let drain =
@@ -164,6 +170,12 @@ async fn weights_come_back_after_haproxy_restarts() {
         (hx.weight("be", "s1").await.0, hx.weight("be", "s2").await.0),
         (1, 1),
         "restart kept weights?"
+    );
+    let after = s.current().await.unwrap().unwrap();
+    assert_eq!(
+        (after.get(&MemberId::new(&a)), after.get(&MemberId::new(&b))),
+        (Some(1), Some(1)),
+        "drift visible"
     );
     let mut cycles = 0;
     while hx.weight("be", "s1").await.0 != 5 || hx.weight("be", "s2").await.0 != 2 {

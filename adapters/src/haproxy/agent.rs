@@ -203,7 +203,7 @@ mod tests {
     async fn stops_when_dropped() {
         let (h, addr) = AgentResponder::bind("127.0.0.1:0").await.unwrap();
         drop(h);
-        let refused = crate::haproxy::agent::tests::wait_refused(addr).await;
+        let refused = wait_refused(addr).await;
         assert!(refused, "responder still accepting after the handle was dropped");
     }
 

@@ -25,8 +25,9 @@ pub mod runtime;
 pub mod state;
 pub mod weights;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -180,6 +181,10 @@ pub struct HaproxySink {
     map: WeightMap,
     runtime: Option<RuntimeClient>,
     agent: Option<AgentHandle>,
+    /// Per member, the ratio last applied and the weight it became. `current()` reports that ratio
+    /// while HAProxy still holds that weight, so the controller's "LB already has desired" check is
+    /// exact even where the mapping is lossy (clamping, scaling, ratio 0 -> weight 1, names).
+    last: Mutex<BTreeMap<MemberId, (u32, u32)>>,
 }
 
 impl HaproxySink {
@@ -207,7 +212,12 @@ impl HaproxySink {
             map: cfg.weight_map(),
             runtime,
             agent,
+            last: Mutex::default(),
         })
+    }
+
+    fn remember(&self, applied: BTreeMap<MemberId, (u32, u32)>) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = applied;
     }
 
     /// Where the agent-check responder listens (agent mode), with the real port when `:0` was asked.
@@ -255,6 +265,13 @@ impl HaproxySink {
                 return Err(self.refusal_error(&plan.pushes, &refused));
             }
         }
+        self.remember(
+            desired
+                .iter()
+                .filter(|(m, _)| !plan::servers_for(&servers, m, self.match_by).is_empty())
+                .map(|(m, r)| (m.clone(), (r, self.map.weight(r).weight)))
+                .collect(),
+        );
         Ok(Applied { changed: plan.changed, unchanged: plan.unchanged, warnings: plan.warnings })
     }
 
@@ -319,6 +336,7 @@ impl HaproxySink {
             });
         }
         let changed = agent.update(&percentages);
+        self.remember(desired.iter().map(|(m, r)| (m.clone(), (r, self.map.weight(r).weight))).collect());
         Ok(Applied { changed, unchanged: desired.len() - changed, warnings })
     }
 }
@@ -372,7 +390,9 @@ impl RatioSink for HaproxySink {
         Ok(Some(ids.into_iter().collect()))
     }
 
-    /// Weights HAProxy has now, keyed `addr:port`, converted back to ratios when `ratio_max` scales them.
+    /// Ratios HAProxy holds now: every server as `addr:port` (weights converted back through
+    /// `ratio_max`), plus every member of the last `apply` under its own id, reported as the ratio
+    /// applied while its servers still have the weight it became, else as their weight converted back.
     /// In agent mode without `address`: `None` (the agent cannot see what HAProxy applied).
     async fn current(&self) -> Result<Option<Ratios>, SinkError> {
         let Some(rt) = &self.runtime else { return Ok(None) };
@@ -382,6 +402,14 @@ impl RatioSink for HaproxySink {
             if let Some(id) = s.member_id() {
                 out.0.entry(id).or_insert(self.map.ratio(s.weight));
             }
+        }
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (member, (ratio, weight)) in last {
+            let found = plan::servers_for(&servers, &member, self.match_by);
+            let Some(first) = found.first() else { continue };
+            let value =
+                if found.iter().all(|s| s.weight == weight) { ratio } else { self.map.ratio(first.weight) };
+            out.0.insert(member, value);
         }
         Ok(Some(out))
     }
