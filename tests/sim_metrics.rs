@@ -1,0 +1,226 @@
+//! The simulator's `/metrics`: counts that match what happened, text that our own scrape source
+//! and a real Prometheus both read in every style, and the fleet-level claim of the issue: under
+//! the same load, a replica at speed 0.5 shows a longer queue and higher KV usage than the others.
+
+#[path = "sim_util.rs"]
+mod sim_util;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use llm_lc_adapters::MemberId;
+use llm_lc_testkit::prometheus::Prometheus;
+use llm_load_controller::config::{JoinConfig, ScrapeConfig};
+use llm_load_controller::sim::{MetricsStyle, ModelProfile};
+use llm_load_controller::source::profile::ProfileName;
+use llm_load_controller::source::scrape::{self, ScrapeSource};
+use llm_load_controller::source::{Join, PoolQuery, Sample};
+use serde_json::{json, Value};
+use sim_util::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_what_happened() {
+    let f = fleet(ModelProfile::tiny(), &[1.0], |_| {}).await;
+    let base = &f.urls()[0];
+    for _ in 0..5 {
+        let (s, _) = post(
+            &format!("{base}/v1/completions"),
+            &json!({"prompt": prompt_of(40), "max_tokens": 7}).to_string(),
+        )
+        .await;
+        assert_eq!(s, 200);
+    }
+    let r = client().get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(r.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+    let text = r.text().await.unwrap();
+    let m = |name: &str, labels: &[&str]| {
+        metric(&text, name, labels).unwrap_or_else(|| panic!("no {name}\n{text}"))
+    };
+    let model = "model_name=\"sim-tiny\"";
+    assert_eq!(m("vllm:prompt_tokens_total", &[model, "engine=\"0\""]), 200.0);
+    assert_eq!(m("vllm:generation_tokens_total", &[]), 35.0);
+    assert_eq!(m("vllm:request_success_total", &["finished_reason=\"length\""]), 5.0);
+    assert_eq!(m("vllm:request_success_total", &["finished_reason=\"stop\""]), 0.0);
+    assert_eq!(m("vllm:time_to_first_token_seconds_count", &[]), 5.0);
+    assert_eq!(m("vllm:e2e_request_latency_seconds_count", &[]), 5.0);
+    assert_eq!(m("vllm:request_queue_time_seconds_count", &[]), 5.0);
+    assert_eq!(m("vllm:inter_token_latency_seconds_count", &[]), 30.0);
+    assert_eq!(m("vllm:time_to_first_token_seconds_bucket", &["le=\"+Inf\""]), 5.0);
+    assert_eq!(m("vllm:num_requests_running", &[]), 0.0);
+    assert_eq!(m("vllm:kv_cache_usage_perc", &[]), 0.0);
+    assert_eq!(m("vllm:cache_config_info", &["block_size=\"16\"", "num_gpu_blocks=\"256\""]), 1.0);
+    // Mean e2e in model time: 7 steps of a few ms each.
+    let mean_e2e = m("vllm:e2e_request_latency_seconds_sum", &[]) / 5.0;
+    assert!((0.005..0.5).contains(&mean_e2e), "mean e2e {mean_e2e}");
+}
+
+fn pool(addrs: &[std::net::SocketAddr], profile: ProfileName) -> PoolQuery {
+    PoolQuery {
+        members: addrs.iter().map(|a| MemberId::new(a.to_string())).collect(),
+        names: profile.metric_names(),
+        queries: Vec::new(),
+        join: Join::new(&JoinConfig::default()).expect("default join"),
+    }
+}
+
+/// Our controller's own scrape source reading one pool.
+async fn controller_reads(addrs: &[std::net::SocketAddr], profile: ProfileName) -> Vec<Option<Sample>> {
+    let cfg: ScrapeConfig = serde_json::from_value(json!({})).expect("scrape defaults");
+    let src = ScrapeSource::new("sim", &cfg).expect("scrape source");
+    let p = pool(addrs, profile);
+    let snap = src.sample(&[&p]).await.remove(0).expect("scrape succeeds");
+    addrs.iter().map(|a| snap.members.get(&MemberId::new(a.to_string())).cloned().flatten()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_scrape_source_reads_every_style() {
+    for (style, profile) in [
+        (MetricsStyle::Vllm, ProfileName::Vllm),
+        (MetricsStyle::VllmLegacy, ProfileName::VllmLegacy),
+        (MetricsStyle::Sglang, ProfileName::Sglang),
+    ] {
+        // tiny: 8 sequences at most, so 10 long requests leave 2 waiting.
+        let f = fleet(ModelProfile::tiny(), &[1.0], |c| {
+            c.metrics_style = style;
+            c.replicas[0].lora_adapters = vec!["ad".into()];
+        })
+        .await;
+        let text = metrics_text(&f.urls()[0]).await;
+        scrape::parse(&text).unwrap_or_else(|e| panic!("{style:?} does not parse: {e}\n{text}"));
+        let url = format!("{}/v1/completions", f.urls()[0]);
+        let streams: Vec<_> = futures::future::join_all((0..10).map(|_| {
+            client()
+                .post(&url)
+                .json(&json!({"prompt": prompt_of(100), "max_tokens": 1800, "stream": true}))
+                .send()
+        }))
+        .await;
+        llm_lc_testkit::wait::until(Duration::from_secs(5), "8 running, 2 waiting", || async {
+            let s = f.stats(0).ok()?;
+            (s.running == 8 && s.waiting == 2).then_some(())
+        })
+        .await;
+        let got = controller_reads(&f.addrs(), profile).await;
+        let s = got[0].as_ref().unwrap_or_else(|| panic!("{style:?}: no sample"));
+        assert_eq!((s.running, s.waiting), (8.0, 2.0), "{style:?}");
+        let kv = s.kv_usage.expect("KV usage read");
+        assert!(kv > 0.1 && kv <= 1.0, "{style:?} kv {kv}");
+        drop(streams);
+    }
+}
+
+/// Send `rate` requests per second to each replica for `secs`, at fixed intervals.
+async fn steady_load(urls: Vec<String>, rate: f64, secs: f64, body: Value) {
+    let client = client();
+    let body = Arc::new(body.to_string());
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    let mut tasks = Vec::new();
+    let n = (rate * secs) as usize;
+    for _ in 0..n {
+        tick.tick().await;
+        for u in &urls {
+            let (c, u, b) = (client.clone(), format!("{u}/v1/completions"), body.clone());
+            tasks.push(tokio::spawn(async move {
+                let _ = c.post(u).header("content-type", "application/json").body((*b).clone()).send().await;
+            }));
+        }
+    }
+    // Dropping the handles detaches the tasks: the requests stay in flight while the test reads
+    // the queues.
+    drop(tasks);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_replica_shows_longer_queue_and_higher_kv_in_prometheus() {
+    // The issue's fleet: three replicas, the third at half speed, the same steady load on each.
+    // tiny serves ~22 req/s of 200-in/100-out at speed 1 and ~11 at 0.5: 14 req/s loads the fast
+    // ones to ~60% and overloads the slow one.
+    let f = fleet(ModelProfile::tiny(), &[1.0, 1.0, 0.5], |_| {}).await;
+    let targets: Vec<String> = f.addrs().iter().map(|a| a.to_string()).collect();
+    let prom = Prometheus::start("vllm", &targets).await;
+    prom.wait_for_series("vllm:num_requests_running", 3, Duration::from_secs(30)).await;
+
+    steady_load(f.urls(), 14.0, 8.0, json!({"prompt": prompt_of(200), "max_tokens": 100})).await;
+
+    let by_instance = |rows: Vec<Value>| -> Vec<f64> {
+        targets
+            .iter()
+            .map(|t| {
+                rows.iter()
+                    .find(|r| r["metric"]["instance"] == t.as_str())
+                    .and_then(|r| r["value"][1].as_str()?.parse().ok())
+                    .unwrap_or_else(|| panic!("no series for {t}: {rows:?}"))
+            })
+            .collect()
+    };
+    let waiting = by_instance(prom.query("avg_over_time(vllm:num_requests_waiting[6s])").await);
+    let kv = by_instance(prom.query("avg_over_time(vllm:kv_cache_usage_perc[6s])").await);
+    println!("avg waiting per replica: {waiting:?}\navg KV usage per replica: {kv:?}");
+    assert!(
+        waiting[2] > 2.0 && waiting[2] > 3.0 * waiting[0].max(waiting[1]).max(0.3),
+        "waiting {waiting:?}"
+    );
+    assert!(kv[2] > 1.2 * kv[0].max(kv[1]), "kv {kv:?}");
+
+    // The controller's own direct scrape sees the same picture right now.
+    let now = controller_reads(&f.addrs(), ProfileName::Vllm).await;
+    let w: Vec<f64> = now.iter().map(|s| s.as_ref().expect("sample").waiting).collect();
+    assert!(w[2] > w[0] && w[2] > w[1], "direct scrape waiting {w:?}");
+
+    // Prometheus scraped every target cleanly.
+    let targets_api: Value =
+        client().get(format!("{}/api/v1/targets", prom.url())).send().await.unwrap().json().await.unwrap();
+    for t in targets_api["data"]["activeTargets"].as_array().unwrap() {
+        assert_eq!(t["health"], "up", "{t}");
+        assert_eq!(t["lastError"], "", "{t}");
+    }
+    // Histograms work as histograms in PromQL.
+    let q =
+        prom.query("histogram_quantile(0.5, sum by (le) (vllm:time_to_first_token_seconds_bucket))").await;
+    let p50: f64 = q[0]["value"][1].as_str().unwrap().parse().unwrap();
+    assert!(p50.is_finite() && p50 > 0.0, "TTFT p50 {p50}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_prometheus_parses_every_style() {
+    let mut fleets = Vec::new();
+    for style in [MetricsStyle::Vllm, MetricsStyle::VllmLegacy, MetricsStyle::Sglang] {
+        let f = fleet(ModelProfile::tiny(), &[1.0], |c| {
+            c.metrics_style = style;
+            c.replicas[0].lora_adapters = vec!["sql-lora".into()];
+        })
+        .await;
+        let (s, _) = post(
+            &format!("{}/v1/completions", f.urls()[0]),
+            &json!({"prompt": "x", "max_tokens": 3}).to_string(),
+        )
+        .await;
+        assert_eq!(s, 200);
+        fleets.push(f);
+    }
+    let targets: Vec<String> = fleets.iter().map(|f| f.addrs()[0].to_string()).collect();
+    let prom = Prometheus::start("styles", &targets).await;
+    prom.wait_for_series("up == 1", 3, Duration::from_secs(30)).await;
+    prom.wait_for_series("scrape_samples_scraped > 50", 3, Duration::from_secs(30)).await;
+    let targets_api: Value =
+        client().get(format!("{}/api/v1/targets", prom.url())).send().await.unwrap().json().await.unwrap();
+    for t in targets_api["data"]["activeTargets"].as_array().unwrap() {
+        assert_eq!(t["lastError"], "", "{t}");
+    }
+    for q in [
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "sglang:token_usage",
+        "vllm:lora_requests_info",
+        "vllm:generation_tokens_total",
+        "sglang:generation_tokens_total",
+    ] {
+        assert!(!prom.query(q).await.is_empty(), "Prometheus has no {q}");
+    }
+    let gen: f64 = prom.query("sum(vllm:generation_tokens_total)").await[0]["value"][1]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(gen, 6.0, "vllm and vllm-legacy replicas produced 3 tokens each");
+}
