@@ -272,7 +272,10 @@ impl RatioSink for F5Sink {
     }
 
     async fn members(&self) -> Result<Option<Vec<MemberId>>, SinkError> {
-        Ok(Some(self.read_members().await?.iter().map(plan::member_id).collect()))
+        let mut ids: Vec<MemberId> = self.read_members().await?.iter().map(plan::member_id).collect();
+        ids.sort();
+        ids.dedup();
+        Ok(Some(ids))
     }
 
     async fn current(&self) -> Result<Option<Ratios>, SinkError> {

@@ -226,14 +226,14 @@ impl Session {
             let failure = match self.auth().await {
                 Ok(auth) => match self.send(req, Some(&auth)).await {
                     Ok(v) => return decode(v),
-                    Err(CallError::Http { status: 401, .. })
+                    Err(CallError::Http { status: 401, message })
                         if matches!(auth, Auth::Token(_)) && !logged_in_again =>
                     {
                         // The token expired or was revoked behind our back (BIG-IP restart, someone
                         // deleting tokens). Log in again once; a second 401 is a real refusal.
                         logged_in_again = true;
                         if let Auth::Token(t) = &auth {
-                            self.replace_token(t).await?;
+                            self.replace_token(t, message.contains("does not exist")).await?;
                         }
                         continue;
                     }
@@ -339,15 +339,18 @@ impl Session {
         Ok(value)
     }
 
-    /// After a 401 with `used`: drop it (deleting it in case it is alive after all) and log in again,
-    /// unless another task already did.
-    async fn replace_token(&self, used: &str) -> Result<(), CallError> {
+    /// After a 401 with `used`: drop it and log in again, unless another task already did. Unless
+    /// BIG-IP said the token no longer exists, delete it first: a token refused for another reason
+    /// may still be alive and would count against the user's limit.
+    async fn replace_token(&self, used: &str, dead: bool) -> Result<(), CallError> {
         let mut slot = self.token.lock().await;
         if slot.as_ref().is_some_and(|t| t.value != used) {
             return Ok(());
         }
         if let Some(old) = slot.take() {
-            self.delete_token(&old.value).await;
+            if !dead {
+                self.delete_token(&old.value).await;
+            }
         }
         tracing::info!(bigip = %self.base, user = %self.key.username, "BIG-IP refused the token; logging in again");
         *slot = Some(self.login().await?);
