@@ -162,8 +162,9 @@ async fn run_stream(
                 seen.node = Some(wire::Node { id: node_id.clone(), cluster: String::new() });
                 eds.record(&seen);
                 let first = names.is_none();
-                if !first && req.response_nonce != nonce.to_string() {
+                if nonce > 0 && req.response_nonce != nonce.to_string() {
                     // Answers an older response than the last one sent: stale, the next ACK will come.
+                    // (Before the first response every request counts: Envoy may widen its names.)
                     continue;
                 }
                 if let Some(err) = &req.error_detail {

@@ -3,8 +3,9 @@
 //! Envoy has no pool to ask and no runtime API for weights, so the controller is Envoy's source of
 //! endpoints for the clusters it manages: each member becomes an endpoint with
 //! `load_balancing_weight` = its ratio. Two ways to hand them over:
-//! - `mode: xds` (default): the controller's listener serves REST-JSON EDS at
-//!   `POST /v3/discovery:endpoints` from an [`EdsRegistry`]; Envoy polls it every `refresh_delay`.
+//! - `mode: xds` (default): the controller's listener serves the assignments from an [`EdsRegistry`]:
+//!   REST-JSON EDS at `POST /v3/discovery:endpoints`, which Envoy polls every `refresh_delay`, and,
+//!   with this crate's `ads` feature, gRPC ADS and EDS streams, which are pushed to on every change.
 //! - `mode: file`: the assignment is written to `directory/file_name`, which Envoy watches
 //!   (`path_config_source` + `watched_directory`), for setups that mount config rather than call out.
 //!
@@ -59,7 +60,8 @@ pub struct EnvoyConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EnvoyMode {
-    /// Served by the controller's listener to Envoy's REST EDS polls (`api_type: REST`).
+    /// Served by the controller's listener: REST EDS polls (`api_type: REST`) and, with the `ads`
+    /// feature, gRPC streams (`ads: {}` or `api_type: GRPC`).
     #[default]
     #[serde(alias = "rest")]
     Xds,
