@@ -36,6 +36,9 @@
 
 mod http;
 mod state;
+mod tls;
+
+pub use tls::TlsFiles;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -265,6 +268,7 @@ impl Recorded {
 /// A running double. Stops when dropped.
 pub struct BigIpDouble {
     addr: SocketAddr,
+    https: bool,
     state: Shared,
     server: tokio::task::JoinHandle<()>,
 }
@@ -282,23 +286,39 @@ impl BigIpDouble {
     }
 
     pub async fn start_with(cfg: DoubleConfig) -> Self {
+        let (listener, addr, state, app) = Self::prepare(cfg).await;
+        let server = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                eprintln!("BIG-IP double stopped: {e}");
+            }
+        });
+        BigIpDouble { addr, https: false, state, server }
+    }
+
+    /// Serve HTTPS with the certificate in `files` (see [`TlsFiles::generate`]), like a BIG-IP
+    /// management port with a certificate from a private CA.
+    pub async fn start_tls(cfg: DoubleConfig, files: &TlsFiles) -> Self {
+        let (listener, addr, state, app) = Self::prepare(cfg).await;
+        let files = files.clone();
+        let server = tokio::spawn(async move { tls::serve(listener, app, &files).await });
+        BigIpDouble { addr, https: true, state, server }
+    }
+
+    async fn prepare(cfg: DoubleConfig) -> (tokio::net::TcpListener, SocketAddr, Shared, axum::Router) {
         let state: Shared = Arc::new(Mutex::new(State::new(cfg)));
         // Binding port 0 lets the OS pick a free port with no race against other tests.
         let listener =
             tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("cannot bind a loopback port");
         let addr = listener.local_addr().expect("bound listener has an address");
         let app = http::router(state.clone());
-        let server = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                eprintln!("BIG-IP double stopped: {e}");
-            }
-        });
-        BigIpDouble { addr, state, server }
+        (listener, addr, state, app)
     }
 
-    /// `http://127.0.0.1:PORT`, the base URL clients use.
+    /// `http://127.0.0.1:PORT` (or `https://` after [`BigIpDouble::start_tls`]), the base URL clients
+    /// use.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     pub fn addr(&self) -> SocketAddr {
