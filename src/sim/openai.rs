@@ -4,10 +4,10 @@
 //! Parsing never panics: the body is untrusted bytes. Unknown fields (temperature, top_p, ...) are
 //! accepted and ignored, as sampling does not change the simulated timing.
 
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::tokenize;
 
@@ -55,19 +55,34 @@ impl ApiError {
         }
     }
 
-    pub fn body(&self) -> Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind(),
-            "param": self.param,
-            "code": self.status.as_u16(),
-        }})
+    /// The JSON body, fields in vLLM's order.
+    pub fn body(&self) -> String {
+        #[derive(Serialize)]
+        struct Info<'a> {
+            message: &'a str,
+            #[serde(rename = "type")]
+            kind: &'static str,
+            param: Option<&'a str>,
+            code: u16,
+        }
+        #[derive(Serialize)]
+        struct Body<'a> {
+            error: Info<'a>,
+        }
+        to_json(&Body {
+            error: Info {
+                message: &self.message,
+                kind: self.kind(),
+                param: self.param.as_deref(),
+                code: self.status.as_u16(),
+            },
+        })
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        (self.status, [(header::CONTENT_TYPE, "application/json")], self.body()).into_response()
     }
 }
 
@@ -272,28 +287,120 @@ pub struct ResponseMeta {
     pub model: String,
 }
 
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 impl ResponseMeta {
-    pub fn new(endpoint: Endpoint, seq: u64, created: u64, model: String) -> Self {
+    /// `seq` is unique per server and `salt` tells servers apart; the id has vLLM's shape
+    /// (`cmpl-`/`chatcmpl-` and 32 hex digits, like `uuid4().hex`).
+    pub fn new(endpoint: Endpoint, seq: u64, salt: u64, created: u64, model: String) -> Self {
         let prefix = match endpoint {
             Endpoint::Completions => "cmpl",
             Endpoint::Chat => "chatcmpl",
         };
-        // A 32-hex-digit id like vLLM's uuid4().hex, derived from a per-server sequence number.
-        let mixed = (seq as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835) ^ (created as u128);
-        ResponseMeta { id: format!("{prefix}-{mixed:032x}"), created, model }
+        let hi = splitmix64(seq ^ salt.rotate_left(32) ^ created);
+        let lo = splitmix64(hi ^ seq);
+        ResponseMeta { id: format!("{prefix}-{hi:016x}{lo:016x}"), created, model }
     }
 }
 
-fn usage(prompt: u32, completion: u32) -> Value {
-    json!({
-        "prompt_tokens": prompt,
-        "total_tokens": u64::from(prompt) + u64::from(completion),
-        "completion_tokens": completion,
-        "prompt_tokens_details": null,
-    })
+// Typed bodies: serde writes fields in declaration order, which is the order of vLLM's pydantic
+// models (`vllm/entrypoints/openai/protocol.py`). `Option<Option<T>>` fields are left out when
+// `None` and written as `null` when `Some(None)`, to follow vLLM's exclude_unset/exclude_none
+// choices per message kind.
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: u32,
+    total_tokens: u64,
+    completion_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_tokens_details: Option<Option<()>>,
 }
 
-/// The non-streaming answer.
+impl Usage {
+    fn new(prompt: u32, completion: u32, details: bool) -> Self {
+        Usage {
+            prompt_tokens: prompt,
+            total_tokens: u64::from(prompt) + u64::from(completion),
+            completion_tokens: completion,
+            prompt_tokens_details: details.then_some(None),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct CompletionChoice<'a> {
+    index: u32,
+    text: &'a str,
+    logprobs: Option<()>,
+    finish_reason: Option<&'a str>,
+    stop_reason: Option<()>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<Option<()>>,
+}
+
+#[derive(Serialize)]
+struct CompletionBodyOut<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<CompletionChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Option<Usage>>,
+}
+
+#[derive(Serialize)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    content: &'a str,
+}
+
+#[derive(Serialize)]
+struct Message<'a> {
+    role: &'static str,
+    content: &'a str,
+    tool_calls: [(); 0],
+}
+
+#[derive(Serialize)]
+struct ChatChoice<'a> {
+    index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<Message<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delta: Option<Delta<'a>>,
+    logprobs: Option<()>,
+    finish_reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_reason: Option<Option<()>>,
+}
+
+#[derive(Serialize)]
+struct ChatBodyOut<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<ChatChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<Option<()>>,
+}
+
+fn to_json<T: Serialize>(v: &T) -> String {
+    // Serializing these plain structs cannot fail; an empty object is a safe fallback.
+    serde_json::to_string(v).unwrap_or_else(|_| "{}".into())
+}
+
+/// The non-streaming answer, as JSON text.
 pub fn full_response(
     endpoint: Endpoint,
     meta: &ResponseMeta,
@@ -301,82 +408,135 @@ pub fn full_response(
     finish_reason: &str,
     prompt: u32,
     completion: u32,
-) -> Value {
+) -> String {
     match endpoint {
-        Endpoint::Completions => json!({
-            "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
-            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason,
-                         "stop_reason": null, "prompt_logprobs": null}],
-            "usage": usage(prompt, completion),
+        Endpoint::Completions => to_json(&CompletionBodyOut {
+            id: &meta.id,
+            object: "text_completion",
+            created: meta.created,
+            model: &meta.model,
+            choices: vec![CompletionChoice {
+                index: 0,
+                text,
+                logprobs: None,
+                finish_reason: Some(finish_reason),
+                stop_reason: None,
+                prompt_logprobs: Some(None),
+            }],
+            usage: Some(Some(Usage::new(prompt, completion, true))),
         }),
-        Endpoint::Chat => json!({
-            "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
-            "choices": [{"index": 0,
-                         "message": {"role": "assistant", "content": text, "tool_calls": []},
-                         "logprobs": null, "finish_reason": finish_reason, "stop_reason": null}],
-            "usage": usage(prompt, completion),
-            "prompt_logprobs": null,
+        Endpoint::Chat => to_json(&ChatBodyOut {
+            id: &meta.id,
+            object: "chat.completion",
+            created: meta.created,
+            model: &meta.model,
+            choices: vec![ChatChoice {
+                index: 0,
+                message: Some(Message { role: "assistant", content: text, tool_calls: [] }),
+                delta: None,
+                logprobs: None,
+                finish_reason: Some(finish_reason),
+                stop_reason: Some(None),
+            }],
+            usage: Some(Usage::new(prompt, completion, true)),
+            prompt_logprobs: Some(None),
         }),
     }
 }
 
-/// One SSE event carrying `v`.
-pub fn sse(v: &Value) -> String {
-    format!("data: {v}\n\n")
+/// One SSE event carrying the JSON text `json`.
+pub fn sse(json: &str) -> String {
+    format!("data: {json}\n\n")
 }
 
 /// The stream's terminator.
 pub const SSE_DONE: &str = "data: [DONE]\n\n";
 
 /// The chat stream's first chunk: the assistant role with empty content.
-pub fn chat_role_chunk(meta: &ResponseMeta, include_usage: bool) -> Value {
-    let mut v = json!({
-        "id": meta.id, "object": "chat.completion.chunk", "created": meta.created, "model": meta.model,
-        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null,
-                     "finish_reason": null}],
-    });
-    if include_usage {
-        v["usage"] = Value::Null;
-    }
-    v
+pub fn chat_role_chunk(meta: &ResponseMeta) -> String {
+    to_json(&ChatBodyOut {
+        id: &meta.id,
+        object: "chat.completion.chunk",
+        created: meta.created,
+        model: &meta.model,
+        choices: vec![ChatChoice {
+            index: 0,
+            message: None,
+            delta: Some(Delta { role: Some("assistant"), content: "" }),
+            logprobs: None,
+            finish_reason: None,
+            stop_reason: None,
+        }],
+        usage: None,
+        prompt_logprobs: None,
+    })
 }
 
-/// A chunk with one token of text; the last one carries the finish reason.
+/// A chunk with one token of text; the last one carries the finish reason. Completion chunks
+/// always carry `"usage": null` (vLLM dumps them with every field); chat chunks leave it out.
 pub fn token_chunk(
     endpoint: Endpoint,
     meta: &ResponseMeta,
     piece: &str,
     finish_reason: Option<&str>,
-    include_usage: bool,
-) -> Value {
-    let mut v = match endpoint {
-        Endpoint::Completions => json!({
-            "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
-            "choices": [{"index": 0, "text": piece, "logprobs": null, "finish_reason": finish_reason,
-                         "stop_reason": null}],
+) -> String {
+    match endpoint {
+        Endpoint::Completions => to_json(&CompletionBodyOut {
+            id: &meta.id,
+            object: "text_completion",
+            created: meta.created,
+            model: &meta.model,
+            choices: vec![CompletionChoice {
+                index: 0,
+                text: piece,
+                logprobs: None,
+                finish_reason,
+                stop_reason: None,
+                prompt_logprobs: None,
+            }],
+            usage: Some(None),
         }),
-        Endpoint::Chat => json!({
-            "id": meta.id, "object": "chat.completion.chunk", "created": meta.created, "model": meta.model,
-            "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": null,
-                         "finish_reason": finish_reason, "stop_reason": null}],
+        Endpoint::Chat => to_json(&ChatBodyOut {
+            id: &meta.id,
+            object: "chat.completion.chunk",
+            created: meta.created,
+            model: &meta.model,
+            choices: vec![ChatChoice {
+                index: 0,
+                message: None,
+                delta: Some(Delta { role: None, content: piece }),
+                logprobs: None,
+                finish_reason,
+                stop_reason: finish_reason.map(|_| None),
+            }],
+            usage: None,
+            prompt_logprobs: None,
         }),
-    };
-    if include_usage {
-        v["usage"] = Value::Null;
     }
-    v
 }
 
-/// The extra final chunk sent when `stream_options.include_usage` is set: no choices, usage.
-pub fn usage_chunk(endpoint: Endpoint, meta: &ResponseMeta, prompt: u32, completion: u32) -> Value {
-    let object = match endpoint {
-        Endpoint::Completions => "text_completion",
-        Endpoint::Chat => "chat.completion.chunk",
-    };
-    json!({
-        "id": meta.id, "object": object, "created": meta.created, "model": meta.model,
-        "choices": [], "usage": usage(prompt, completion),
-    })
+/// The extra final chunk sent when `stream_options.include_usage` is set: no choices, usage
+/// without its null fields.
+pub fn usage_chunk(endpoint: Endpoint, meta: &ResponseMeta, prompt: u32, completion: u32) -> String {
+    match endpoint {
+        Endpoint::Completions => to_json(&CompletionBodyOut {
+            id: &meta.id,
+            object: "text_completion",
+            created: meta.created,
+            model: &meta.model,
+            choices: Vec::new(),
+            usage: Some(Some(Usage::new(prompt, completion, false))),
+        }),
+        Endpoint::Chat => to_json(&ChatBodyOut {
+            id: &meta.id,
+            object: "chat.completion.chunk",
+            created: meta.created,
+            model: &meta.model,
+            choices: Vec::new(),
+            usage: Some(Usage::new(prompt, completion, false)),
+            prompt_logprobs: None,
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -411,8 +571,9 @@ mod tests {
             let e = parse_completion(body).unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST);
             assert!(e.message.contains(needle), "{:?} -> {}", String::from_utf8_lossy(body), e.message);
-            assert_eq!(e.body()["error"]["code"], 400);
-            assert_eq!(e.body()["error"]["type"], "BadRequestError");
+            let body: Value = serde_json::from_str(&e.body()).unwrap();
+            assert_eq!(body["error"]["code"], 400);
+            assert_eq!(body["error"]["type"], "BadRequestError");
         }
     }
 
@@ -432,16 +593,35 @@ mod tests {
     }
 
     #[test]
-    fn chunks_have_vllm_shape() {
-        let meta = ResponseMeta::new(Endpoint::Chat, 1, 1_700_000_000, "m".into());
+    fn chunks_have_vllm_shape_and_field_order() {
+        let meta = ResponseMeta::new(Endpoint::Chat, 0, 0, 1_700_000_000, "m".into());
         assert!(meta.id.starts_with("chatcmpl-") && meta.id.len() == "chatcmpl-".len() + 32);
-        let c = token_chunk(Endpoint::Chat, &meta, " hi", Some("length"), false);
-        assert_eq!(c["choices"][0]["delta"]["content"], " hi");
-        assert_eq!(c["choices"][0]["finish_reason"], "length");
-        assert!(c.get("usage").is_none());
-        assert_eq!(sse(&json!({"a":1})), "data: {\"a\":1}\n\n");
+        assert_ne!(meta.id, ResponseMeta::new(Endpoint::Chat, 1, 0, 1_700_000_000, "m".into()).id);
+        assert_eq!(
+            chat_role_chunk(&meta),
+            format!(
+                r#"{{"id":"{}","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}}"#,
+                meta.id
+            )
+        );
+        let last: Value =
+            serde_json::from_str(&token_chunk(Endpoint::Chat, &meta, " hi", Some("length"))).unwrap();
+        assert_eq!(last["choices"][0]["delta"], serde_json::json!({"content": " hi"}));
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+        assert!(last["choices"][0]["stop_reason"].is_null() && last.get("usage").is_none());
+        let c = token_chunk(Endpoint::Completions, &meta, "x", None);
+        assert!(c.ends_with(r#""choices":[{"index":0,"text":"x","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}"#), "{c}");
+        assert_eq!(sse("{}"), "data: {}\n\n");
         let u = usage_chunk(Endpoint::Completions, &meta, 3, 4);
-        assert_eq!(u["usage"]["total_tokens"], 7);
-        assert_eq!(u["choices"].as_array().map(Vec::len), Some(0));
+        assert!(
+            u.ends_with(
+                r#""choices":[],"usage":{"prompt_tokens":3,"total_tokens":7,"completion_tokens":4}}"#
+            ),
+            "{u}"
+        );
+        let full = full_response(Endpoint::Completions, &meta, "ab", "stop", 1, 2);
+        assert!(full.contains(r#""usage":{"prompt_tokens":1,"total_tokens":3,"completion_tokens":2,"prompt_tokens_details":null}"#), "{full}");
+        let e = ApiError::bad_request("no").body();
+        assert_eq!(e, r#"{"error":{"message":"no","type":"BadRequestError","param":null,"code":400}}"#);
     }
 }

@@ -214,7 +214,7 @@ async fn generate(r: &Arc<Replica>, g: GenRequest) -> Response {
             .into_response();
     }
     let guard = AbortGuard { id, cmd: r.cmd.clone(), done: false };
-    let meta = ResponseMeta::new(g.endpoint, id, unix_now() as u64, model);
+    let meta = ResponseMeta::new(g.endpoint, id, r.index as u64, unix_now() as u64, model);
     if g.stream {
         stream_response(g, meta, rx, guard)
     } else {
@@ -251,7 +251,7 @@ async fn full_response(
                         g.prompt_tokens,
                         produced,
                     );
-                    return Json(body).into_response();
+                    return ([(header::CONTENT_TYPE, "application/json")], body).into_response();
                 }
             }
             Some(Out::Rejected(e)) => {
@@ -305,12 +305,12 @@ fn stream_response(
                 Some(Out::Token { finish }) => {
                     let mut out = String::new();
                     if s.produced == 0 && s.g.endpoint == Endpoint::Chat {
-                        out.push_str(&openai::sse(&openai::chat_role_chunk(&s.meta, s.g.include_usage)));
+                        out.push_str(&openai::sse(&openai::chat_role_chunk(&s.meta)));
                     }
                     let piece = tokenize::output_piece(s.produced);
                     s.produced += 1;
                     let reason = finish.map(|(_, r): (u32, FinishReason)| r.as_str());
-                    let chunk = openai::token_chunk(s.g.endpoint, &s.meta, piece, reason, s.g.include_usage);
+                    let chunk = openai::token_chunk(s.g.endpoint, &s.meta, piece, reason);
                     out.push_str(&openai::sse(&chunk));
                     if let Some((produced, _)) = finish {
                         s.guard.done = true;
