@@ -513,9 +513,17 @@ async fn pools_on_one_bigip_share_one_token() {
     assert_eq!(d.live_tokens(USER), 1);
     a.shutdown().await;
     assert_eq!(d.live_tokens(USER), 1, "still used by the other pool");
+    // A sink dropped without shutdown gives up its share too.
+    let c = F5Sink::new(&config(&d, POOL), "c").unwrap();
+    c.apply(&ratios(&[("10.0.0.1:8000", 2)])).await.unwrap();
+    drop(c);
     b.apply(&ratios(&[("10.0.1.1:80", 4)])).await.unwrap();
+    assert_eq!(logins(&d.requests()), 1, "the third sink reused the session too");
     b.shutdown().await;
-    assert_eq!(d.live_tokens(USER), 0);
+    llm_lc_testkit::wait::until(Duration::from_secs(5), "the last holder to delete the token", || async {
+        (d.live_tokens(USER) == 0).then_some(())
+    })
+    .await;
 }
 
 /// The whole story: a long run of pushes with changing ratios while the BIG-IP misbehaves in every

@@ -309,7 +309,24 @@ impl RatioSink for F5Sink {
 
     async fn shutdown(&self) {
         if !self.released.swap(true, Ordering::SeqCst) {
-            self.session.release().await;
+            self.session.clone().release().await;
+        }
+    }
+}
+
+impl Drop for F5Sink {
+    /// A sink dropped without `shutdown` still gives up its share of the session, so the last sink's
+    /// shutdown deletes the token. The deletion itself needs the runtime; without one the token just
+    /// expires on the BIG-IP.
+    fn drop(&mut self) {
+        if !self.released.swap(true, Ordering::SeqCst) {
+            let session = self.session.clone();
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(session.release());
+                }
+                Err(_) => session.forget_holder(),
+            }
         }
     }
 }

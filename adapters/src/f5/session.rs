@@ -134,6 +134,7 @@ struct SessionKey {
     auth: AuthMode,
     ca_file: Option<std::path::PathBuf>,
     insecure: bool,
+    timeout: Duration,
 }
 
 fn registry() -> &'static Mutex<HashMap<SessionKey, Weak<Session>>> {
@@ -186,6 +187,7 @@ impl Session {
             auth: cfg.auth,
             ca_file: cfg.ca_file.clone(),
             insecure: cfg.insecure_skip_verify,
+            timeout: cfg.timeout,
         };
         let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
         reg.retain(|_, w| w.strong_count() > 0);
@@ -315,7 +317,7 @@ impl Session {
                             return Ok(t.value.clone());
                         }
                         Err(e) => {
-                            tracing::debug!(bigip = %self.base, error = ?e, "token extension refused; logging in anew")
+                            tracing::debug!(bigip = %self.base, error = %hide(&e, &t.value), "token extension refused; logging in anew")
                         }
                     }
                 }
@@ -399,12 +401,14 @@ impl Session {
         let req = Request { method: Method::DELETE, path: &path, body: None, coordination: None };
         match self.send(&req, Some(&Auth::Token(token.to_string()))).await {
             Ok(_) => tracing::debug!(bigip = %self.base, "deleted BIG-IP token"),
-            Err(e) => tracing::debug!(bigip = %self.base, error = ?e, "could not delete BIG-IP token"),
+            Err(e) => {
+                tracing::debug!(bigip = %self.base, error = %hide(&e, token), "could not delete BIG-IP token")
+            }
         }
     }
 
     /// One sink is done with the session. The last one out deletes the token.
-    pub async fn release(&self) {
+    pub async fn release(self: Arc<Self>) {
         if self.holders.fetch_sub(1, Ordering::SeqCst) != 1 {
             return;
         }
@@ -414,6 +418,11 @@ impl Session {
                 self.delete_token(&t.value).await;
             }
         }
+    }
+
+    /// Give up a holder's share without deleting anything (no runtime to do it with).
+    pub fn forget_holder(&self) {
+        self.holders.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -462,6 +471,11 @@ fn error_message(status: StatusCode, body: &[u8]) -> String {
     } else {
         text
     }
+}
+
+/// An error about a token, with the token itself blanked out (BIG-IP may echo it in messages).
+fn hide(e: &CallError, token: &str) -> String {
+    format!("{e:?}").replace(token, "<token>")
 }
 
 /// Token values are credentials: keep them out of logs.
