@@ -78,7 +78,7 @@ pub enum AuthMode {
 /// A user name, written inline or read from where the password comes from (a Kubernetes Secret of
 /// type `kubernetes.io/basic-auth` mounts both `username` and `password` as files).
 #[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a user name, or {file: PATH} / {env: VAR} / {value: NAME}")]
 pub enum Username {
     Plain(String),
     From(SecretRef),
@@ -211,6 +211,27 @@ mod tests {
         for f in ["url", "pool", "username", "insecure_skip_verify", "timeout"] {
             assert!(fields.iter().any(|x| x == f), "{f} missing from {fields:?}");
         }
+    }
+
+    #[test]
+    fn parses_as_a_sink_config() {
+        let c: crate::SinkConfig = serde_json::from_str(
+            r#"{"kind":"f5","url":"https://b.example","pool":"/Common/p","username":{"env":"U"},
+                "password":{"file":"/etc/bigip/password"},"timeout":"3s","retry_backoff":"100ms"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.kind(), "f5");
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        let e = serde_json::from_str::<crate::SinkConfig>(
+            r#"{"kind":"f5","url":"https://b","pool":"/Common/p","username":{"vault":"x"},"password":{"env":"P"}}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("{file: PATH}"), "{e}");
+        let e = serde_json::from_str::<crate::SinkConfig>(
+            r#"{"kind":"f5","url":"https://b","pool":"/Common/p","username":"u","password":{"env":"P"},"pasword":1}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("pasword"), "{e}");
     }
 
     #[test]

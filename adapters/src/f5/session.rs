@@ -502,6 +502,12 @@ fn describe_reqwest(e: reqwest::Error) -> String {
         detail.push_str(&format!(": {s}"));
         source = s.source();
     }
+    if detail.contains("certificate") {
+        detail.push_str(
+            " (give the CA that signed the BIG-IP management certificate as ca_file; the certificate must \
+             name the host in url)",
+        );
+    }
     detail
 }
 
