@@ -412,6 +412,21 @@ async fn a_commit_whose_answer_is_lost_is_not_applied_twice_blindly() {
         count(&log, |r| r.method == "GET" && r.path.starts_with("/mgmt/tm/transaction/")) >= 1,
         "state checked"
     );
+
+    // Worse: the first commit lands while the sink re-sends it, so the second is refused. The push
+    // still succeeded, and the sink must say so.
+    d.clear_requests();
+    d.inject(Fault::new(FaultKind::Delay(Duration::from_millis(450))).on("PATCH", "/mgmt/tm/transaction/"));
+    d.inject(Fault::new(FaultKind::Delay(Duration::from_millis(200))).on("PATCH", "/mgmt/tm/transaction/"));
+    sink.apply(&ratios(&[("10.0.0.1:8000", 5), ("10.0.0.2:8000", 6)])).await.unwrap();
+    assert_eq!(d.ratio(POOL, "10.0.0.1:8000"), Some(5));
+    let commits: Vec<u16> = d
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.starts_with("/mgmt/tm/transaction/"))
+        .map(|r| r.status)
+        .collect();
+    assert!(commits.contains(&400), "the re-sent commit was refused: {commits:?}");
 }
 
 #[tokio::test]

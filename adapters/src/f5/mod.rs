@@ -202,6 +202,17 @@ impl F5Sink {
             let err = match self.session.call::<wire::Transaction>(&req, RetryPolicy::none()).await {
                 Ok(t) => return self.await_outcome(id, t, &target).await,
                 Err(e) if e.retryable() => e,
+                // A re-sent commit may be refused because the earlier one landed in the meantime.
+                Err(e) if attempt > 0 => {
+                    return match self
+                        .session
+                        .call::<wire::Transaction>(&Request::get(&path), self.policy)
+                        .await
+                    {
+                        Ok(t) if t.state == "COMPLETED" => Ok(()),
+                        _ => Err(e.into_sink_error(target)),
+                    }
+                }
                 // BIG-IP's message names the command (pool and member) that failed; nothing applied.
                 Err(e) => return Err(e.into_sink_error(target)),
             };

@@ -194,8 +194,8 @@ pub enum FaultKind {
     /// Hold the request this long, then answer 503 without doing anything (a client with a shorter
     /// timeout sees a timeout).
     Hang(Duration),
-    /// Hold the request this long, then process it normally (the work happens after the client may
-    /// have given up).
+    /// Hold the request this long, then process it normally, even if the client gave up meanwhile
+    /// (the work lands after the client stopped waiting: a lost answer, not a lost request).
     Delay(Duration),
     /// Any status with any JSON body.
     Status(u16, Value),

@@ -75,9 +75,22 @@ async fn handle(AxState(st): AxState<Shared>, req: Request<Body>) -> Response {
             Some(Reply::html(503, "Service Unavailable"))
         }
         Some(FaultKind::Delay(d)) => {
-            // Answer late, but do the work (the client may have given up and retried meanwhile).
-            tokio::time::sleep(d).await;
-            None
+            // Do the work late, in a task of its own: the server drops this handler when the client
+            // hangs up, but a real BIG-IP finishes what it started even if nobody waits for the
+            // answer (the client may have given up and retried meanwhile).
+            let st2 = st.clone();
+            let mut record = record;
+            let late = tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                let reply = dispatch(&mut lock(&st2), &inc);
+                record.status = reply.status;
+                lock(&st2).log.push(record);
+                reply
+            });
+            return match late.await {
+                Ok(reply) => into_response(reply),
+                Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+            };
         }
         // The text BIG-IP sends while mcpd restarts; a public client's tests quote it with
         // `"apiError":32768001`.
