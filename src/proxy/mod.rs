@@ -1,16 +1,328 @@
-//! Reference proxy: routing table on the JSON body, then weighted choice by ratios (being built).
+//! Reference proxy: two-stage routing for the OpenAI API.
+//!
+//! Stage 1 ([`route`]): a table of steps on the JSON body or headers picks a pool (or rejects), like a
+//! BIG-IP data group walked by an iRule ([`bigip`] exports the same table for one). Stage 2
+//! ([`pool`]): a weighted choice inside the pool by the controller's ratios, with the shared
+//! [`crate::picker`] algorithms. Around them: [`criticality`] (admission when a pool is saturated),
+//! [`upstream`] (streaming forwarding with timeouts and connect retries), [`admin`] (ratio intake by
+//! webhook or polling, live state), [`metrics`], [`server`] (the HTTP routes), [`split`] (model
+//! canaries), [`bench`] (overhead benchmark against HAProxy).
+//!
+//! In-process use (the demo): [`start`] with a [`ProxyConfig`] and two bound listeners returns a
+//! [`ProxyHandle`] with the bound addresses, a live view of weights and in-flight counts, and
+//! [`ProxyHandle::shutdown`].
 
-use clap::Args;
+pub mod admin;
+pub mod bench;
+pub mod bigip;
+pub mod config;
+pub mod criticality;
+pub mod errors;
+pub mod metrics;
+pub mod pool;
+pub mod route;
+pub mod server;
+pub mod split;
+pub mod upstream;
 
-/// Arguments of `llm-load-controller proxy`.
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use llm_lc_adapters::Ratios;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{Loaded, ProxyConfig, DEFAULT_ALGORITHM};
+pub use criticality::Criticality;
+pub use pool::{Applied, MemberView, PoolView, WeightSource};
+pub use route::{Decision, RouteTable, Target};
+
+/// Arguments of `llm-load-controller proxy`: `proxy --config F` serves; subcommands explain, export
+/// and benchmark.
 #[derive(Debug, Clone, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct ProxyArgs {
-    /// Proxy config file (YAML).
+    /// Proxy config file (YAML) to serve.
     #[arg(long, short)]
-    pub config: std::path::PathBuf,
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<ProxyCommand>,
 }
 
-/// Run the proxy until Ctrl-C.
-pub async fn run(_args: ProxyArgs) -> anyhow::Result<()> {
-    anyhow::bail!("the reference proxy is not built yet")
+#[derive(Debug, Clone, Subcommand)]
+pub enum ProxyCommand {
+    /// Validate a config and print its routing table.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Show the steps a request body takes through the routing table and the pool it ends in.
+    Explain {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Request body (JSON) file; `-` reads stdin.
+        #[arg(long)]
+        body: PathBuf,
+        /// Request headers the table may look at, `Name: value` (repeatable).
+        #[arg(long = "header", short = 'H')]
+        headers: Vec<String>,
+    },
+    /// Print the routing table as a BIG-IP data group for deploy/bigip/irule/llm_route.tcl.
+    ExportBigip {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// tmsh (bigip.conf `ltm data-group internal` text) or rest (iControl REST JSON body).
+        #[arg(long, value_enum, default_value_t = ExportFormat::Tmsh)]
+        format: ExportFormat,
+        /// Data group name (full path or short name in /Common).
+        #[arg(long, default_value = "/Common/llm_routes")]
+        name: String,
+    },
+    /// Measure the proxy's added latency and request rate next to real HAProxy on the same backend.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    Tmsh,
+    Rest,
+}
+
+/// What can stop the proxy from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("invalid proxy config:\n{0}")]
+    Config(String),
+    #[error("cannot read the address of a listener: {0}")]
+    Listener(std::io::Error),
+    #[error("no pool named {0:?}")]
+    NoPool(String),
+}
+
+/// A running proxy. Dropping it without [`ProxyHandle::shutdown`] stops the servers too.
+pub struct ProxyHandle {
+    addr: SocketAddr,
+    admin_addr: SocketAddr,
+    shared: Arc<server::Shared>,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl ProxyHandle {
+    /// Where the OpenAI API listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Where the admin API (ratio webhook, state) listens.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// Live view: per pool, each member's weight and in-flight count, queue, saturation.
+    pub fn pools(&self) -> Vec<PoolView> {
+        self.shared.pools.iter().map(|p| p.view()).collect()
+    }
+
+    /// Apply ratios to a pool directly (what the webhook does).
+    pub fn apply_ratios(&self, pool: &str, ratios: &Ratios) -> Result<Applied, ProxyError> {
+        admin::apply(&self.shared, pool, ratios, WeightSource::Api)
+            .ok_or_else(|| ProxyError::NoPool(pool.into()))
+    }
+
+    /// The proxy's metrics in Prometheus text.
+    pub fn metrics_text(&self) -> String {
+        self.shared.metrics.encode()
+    }
+
+    /// Stop accepting, let in-flight responses finish (up to 5 s), stop polling.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        for t in self.tasks.drain(..) {
+            let abort = t.abort_handle();
+            if tokio::time::timeout(std::time::Duration::from_secs(5), t).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+}
+
+impl Drop for ProxyHandle {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Start the proxy on bound listeners. Validates `cfg` (the routing table included) first; its
+/// `listen`/`admin.listen` are ignored in favour of the listeners given.
+pub async fn start(
+    cfg: ProxyConfig,
+    listener: TcpListener,
+    admin_listener: TcpListener,
+) -> Result<ProxyHandle, ProxyError> {
+    let loaded = cfg.compile().map_err(|errs| {
+        ProxyError::Config(errs.into_iter().map(|(f, m)| format!("{f}: {m}")).collect::<Vec<_>>().join("\n"))
+    })?;
+    start_loaded(loaded, listener, admin_listener).await
+}
+
+/// [`start`] with an already validated config.
+pub async fn start_loaded(
+    loaded: Loaded,
+    listener: TcpListener,
+    admin_listener: TcpListener,
+) -> Result<ProxyHandle, ProxyError> {
+    let Loaded { config: cfg, table } = loaded;
+    let addr = listener.local_addr().map_err(ProxyError::Listener)?;
+    let admin_addr = admin_listener.local_addr().map_err(ProxyError::Listener)?;
+    let shared = Arc::new(server::Shared::new(&cfg, table).map_err(ProxyError::Config)?);
+    if !admin_addr.ip().is_loopback() && cfg.admin.bearer_token.is_none() {
+        tracing::warn!(%admin_addr, "the admin listener is not on loopback and has no bearer token: anyone who reaches it can change routing weights");
+    }
+    let stop = CancellationToken::new();
+    let mut tasks = Vec::new();
+    let app = server::router(shared.clone());
+    let s1 = stop.clone();
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(s1.cancelled_owned()).await {
+            tracing::error!(error = %e, "proxy listener stopped");
+        }
+    }));
+    let admin_app = admin::router(shared.clone(), cfg.admin.bearer_token.clone());
+    let s2 = stop.clone();
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) =
+            axum::serve(admin_listener, admin_app).with_graceful_shutdown(s2.cancelled_owned()).await
+        {
+            tracing::error!(error = %e, "admin listener stopped");
+        }
+    }));
+    if let Some(poll) = cfg.ratios.poll.clone() {
+        let client = shared.upstream.client().clone();
+        tasks.push(tokio::spawn(admin::poll_ratios(shared.clone(), client, poll, stop.clone())));
+    }
+    Ok(ProxyHandle { addr, admin_addr, shared, stop, tasks })
+}
+
+/// `llm-load-controller proxy ...`.
+pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    match (args.command, args.config) {
+        (Some(ProxyCommand::Check { config }), _) => {
+            let l = config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+            println!("{}", describe(&l));
+            println!("config OK");
+            Ok(())
+        }
+        (Some(ProxyCommand::Explain { config, body, headers }), _) => {
+            let l = config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+            print!("{}", explain(&l, &body, &headers)?);
+            Ok(())
+        }
+        (Some(ProxyCommand::ExportBigip { config, format, name }), _) => {
+            let l = config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+            match format {
+                ExportFormat::Tmsh => print!("{}", bigip::tmsh(&l.table, &l.config, &name)),
+                ExportFormat::Rest => {
+                    println!("{}", serde_json::to_string_pretty(&bigip::icontrol_rest(&l.table, &l.config, &name))?)
+                }
+            }
+            Ok(())
+        }
+        (Some(ProxyCommand::Bench(b)), _) => bench::run(b).await,
+        (None, Some(config)) => serve(&config).await,
+        (None, None) => anyhow::bail!(
+            "give --config FILE to serve, or a subcommand (check, explain, export-bigip, bench); see `proxy --help`"
+        ),
+    }
+}
+
+async fn serve(path: &std::path::Path) -> anyhow::Result<()> {
+    let l = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let listener = TcpListener::bind(l.config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", l.config.listen))?;
+    let admin = TcpListener::bind(l.config.admin.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (admin.listen)", l.config.admin.listen))?;
+    let pools = l.config.pools.len();
+    let steps = l.table.steps.len();
+    let handle = start_loaded(l, listener, admin).await?;
+    tracing::info!(listen = %handle.addr(), admin = %handle.admin_addr(), pools, steps, "proxy started");
+    println!("proxy: listening on http://{} (admin http://{})", handle.addr(), handle.admin_addr());
+    shutdown_signal().await;
+    handle.shutdown().await;
+    tracing::info!("proxy stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// A short description of a loaded config: pools and steps.
+pub fn describe(l: &Loaded) -> String {
+    let mut s = String::new();
+    for p in &l.config.pools {
+        let algo = p.algorithm.unwrap_or(l.config.algorithm);
+        s.push_str(&format!("pool {}: {} members, {:?}\n", p.name, p.members.len(), algo));
+    }
+    for (i, st) in l.table.steps.iter().enumerate() {
+        let start = if i == l.table.start { " (start)" } else { "" };
+        let value = st.value.as_ref().map(|v| format!(" {v}")).unwrap_or_default();
+        s.push_str(&format!(
+            "step {}{start}: {} {}{value} ? {} : {}\n",
+            st.id,
+            st.source.describe(),
+            st.op.as_str(),
+            l.table.describe_target(&st.on_match),
+            l.table.describe_target(&st.on_miss)
+        ));
+    }
+    s
+}
+
+/// `proxy explain`: the steps a body takes.
+pub fn explain(l: &Loaded, body: &std::path::Path, headers: &[String]) -> anyhow::Result<String> {
+    let text = if body.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("cannot read the body from stdin")?
+    } else {
+        std::fs::read_to_string(body).with_context(|| format!("cannot read {}", body.display()))?
+    };
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not JSON; the proxy would answer 400", body.display()))?;
+    let mut map = axum::http::HeaderMap::new();
+    for h in headers {
+        let (k, v) = h.split_once(':').with_context(|| format!("header {h:?} must be `Name: value`"))?;
+        let name = axum::http::HeaderName::from_bytes(k.trim().as_bytes())
+            .with_context(|| format!("{k:?} is not a header name"))?;
+        let value = axum::http::HeaderValue::from_str(v.trim())
+            .with_context(|| format!("bad header value in {h:?}"))?;
+        map.append(name, value);
+    }
+    let d = l.table.evaluate(&json, &map);
+    Ok(l.table.explain(&d))
 }

@@ -1,0 +1,83 @@
+//! Errors the proxy answers itself, in OpenAI's shape (`{"error": {"message", "type", "param",
+//! "code"}}`) so OpenAI client libraries show the message. Upstream errors are not wrapped: they are
+//! passed through as the model server wrote them.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxyApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub code: &'static str,
+    pub param: Option<&'static str>,
+    /// Seconds, for 429/503.
+    pub retry_after: Option<u32>,
+}
+
+impl ProxyApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ProxyApiError { status, message: message.into(), code, param: None, retry_after: None }
+    }
+
+    pub fn bad_json(e: &serde_json::Error) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("request body is not valid JSON ({e}); send a JSON object such as {{\"model\": \"...\", \"messages\": [...]}}"),
+        )
+    }
+
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!(
+                "request body is larger than this proxy's limit of {limit} bytes (limits.max_body_bytes)"
+            ),
+        )
+    }
+
+    pub fn model_not_found(model: &str, pool: &str) -> Self {
+        let mut e = Self::new(
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+            format!("The model `{model}` does not exist in pool {pool}; GET /v1/models lists the models served here."),
+        );
+        e.param = Some("model");
+        e
+    }
+
+    pub fn with_retry_after(mut self, s: u32) -> Self {
+        self.retry_after = Some(s);
+        self
+    }
+
+    /// OpenAI's `type` for a status.
+    fn kind(&self) -> &'static str {
+        match self.status.as_u16() {
+            429 => "rate_limit_error",
+            400..=499 => "invalid_request_error",
+            502 | 504 => "upstream_error",
+            503 => "service_unavailable_error",
+            _ => "server_error",
+        }
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ProxyApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        r
+    }
+}

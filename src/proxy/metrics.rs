@@ -1,0 +1,131 @@
+//! The proxy's `/metrics`: requests by pool, member and status; route decisions by step; TTFT and
+//! duration as the proxy sees them; in-flight and queued requests; admissions and refusals by
+//! criticality; member weights. Names start with `llmlc_proxy_`.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+type FCounter = Family<Labels, Counter>;
+type FGauge = Family<Labels, Gauge<i64, std::sync::atomic::AtomicI64>>;
+type FFGauge = Family<Labels, Gauge<f64, AtomicU64>>;
+type FHist = Family<Labels, Histogram, fn() -> Histogram>;
+
+pub struct ProxyMetrics {
+    registry: Registry,
+    pub requests: FCounter,
+    pub route_steps: FCounter,
+    pub route_results: FCounter,
+    pub admissions: FCounter,
+    pub refusals: FCounter,
+    pub retries: FCounter,
+    pub ratio_updates: FCounter,
+    pub ttft: FHist,
+    pub duration: FHist,
+    pub in_flight: FGauge,
+    pub queued: FGauge,
+    pub weight: FFGauge,
+}
+
+fn latency_hist() -> Histogram {
+    // 1 ms .. ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+impl Default for ProxyMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProxyMetrics {
+    pub fn new() -> ProxyMetrics {
+        let mut r = Registry::default();
+        fn c(r: &mut Registry, name: &str, help: &str) -> FCounter {
+            let f = FCounter::default();
+            r.register(name, help, f.clone());
+            f
+        }
+        fn h(r: &mut Registry, name: &str, help: &str) -> FHist {
+            let f = FHist::new_with_constructor(latency_hist as fn() -> Histogram);
+            r.register(name, help, f.clone());
+            f
+        }
+        let requests =
+            c(&mut r, "llmlc_proxy_requests", "Requests answered, by pool, member and HTTP status");
+        let route_steps = c(
+            &mut r,
+            "llmlc_proxy_route_steps",
+            "Routing-table steps evaluated, by step and branch (match/miss)",
+        );
+        let route_results =
+            c(&mut r, "llmlc_proxy_route_results", "Routing outcomes, by route result (pool:X or reject:N)");
+        let admissions =
+            c(&mut r, "llmlc_proxy_admitted", "Requests admitted to a pool, by pool and criticality");
+        let refusals = c(
+            &mut r,
+            "llmlc_proxy_refused",
+            "Requests refused at admission, by pool, criticality and reason (shed, queue_full, queue_timeout, displaced)",
+        );
+        let retries = c(
+            &mut r,
+            "llmlc_proxy_connect_retries",
+            "Connect failures retried on another member, by pool and member",
+        );
+        let ratio_updates =
+            c(&mut r, "llmlc_proxy_ratio_updates", "Ratio sets applied, by pool and source (webhook/poll)");
+        let ttft = h(
+            &mut r,
+            "llmlc_proxy_ttft_seconds",
+            "Time from receiving a request to the first response body byte, by pool",
+        );
+        let duration = h(
+            &mut r,
+            "llmlc_proxy_request_duration_seconds",
+            "Time from receiving a request to the end of its response, by pool",
+        );
+        let in_flight = FGauge::default();
+        r.register("llmlc_proxy_in_flight", "Requests in flight, by pool and member", in_flight.clone());
+        let queued = FGauge::default();
+        r.register("llmlc_proxy_queued", "Requests waiting for admission, by pool", queued.clone());
+        let weight = FFGauge::default();
+        r.register(
+            "llmlc_proxy_member_weight",
+            "Stage-2 weight in force, by pool and member",
+            weight.clone(),
+        );
+        ProxyMetrics {
+            registry: r,
+            requests,
+            route_steps,
+            route_results,
+            admissions,
+            refusals,
+            retries,
+            ratio_updates,
+            ttft,
+            duration,
+            in_flight,
+            queued,
+            weight,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        if encode(&mut s, &self.registry).is_err() {
+            s.clear();
+        }
+        s
+    }
+}

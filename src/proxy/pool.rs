@@ -1,0 +1,283 @@
+//! Stage 2: one pool's members, their weights and in-flight counts, and the choice of a member.
+//!
+//! The choice itself is [`crate::picker::Picker`], the code the benchmark measures. This module adds
+//! what a live proxy needs around it: weights from the controller's ratios (equal until the first
+//! ratios arrive; members the ratios do not name get the mean of those they do), passive health
+//! (a member that refused a connection is skipped for a while), and a snapshot for live views.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use llm_lc_adapters::{MemberId, Ratios};
+use serde::Serialize;
+
+use crate::picker::{Algorithm, Picker};
+
+use super::config::PoolConfig;
+use super::criticality::Admission;
+
+/// Where a pool's current weights came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightSource {
+    /// No ratios yet: every member weighs 1.
+    Equal,
+    Webhook,
+    Poll,
+    /// Set through the library API.
+    Api,
+}
+
+struct State {
+    picker: Picker,
+    ejected_until: Vec<Option<Instant>>,
+    source: WeightSource,
+    updated_unix: Option<f64>,
+    /// The controller's pool saturation, 0..1, from the last poll.
+    saturation: Option<f64>,
+}
+
+/// A pool of model servers.
+pub struct Pool {
+    pub name: String,
+    pub members: Vec<MemberId>,
+    /// `http://host:port` per member.
+    pub bases: Vec<String>,
+    pub models: Vec<String>,
+    pub admission: Admission,
+    pub queue_timeout: Duration,
+    pub shed_saturation: f64,
+    pub eject_for: Duration,
+    state: Mutex<State>,
+}
+
+/// What applying a set of ratios did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Applied {
+    /// Weight now in force per member.
+    pub weights: Vec<(MemberId, u32)>,
+    /// Members named by the ratios that this pool does not have (ignored).
+    pub unknown_members: Vec<MemberId>,
+    /// Pool members the ratios did not name (given the mean).
+    pub defaulted_members: Vec<MemberId>,
+}
+
+/// One member in a live view.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemberView {
+    pub member: MemberId,
+    pub weight: u32,
+    pub in_flight: u32,
+    pub ejected: bool,
+}
+
+/// One pool in a live view.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PoolView {
+    pub pool: String,
+    pub algorithm: Algorithm,
+    pub weights_from: WeightSource,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights_updated_unix: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller_saturation: Option<f64>,
+    pub in_flight: usize,
+    pub queued: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<usize>,
+    pub members: Vec<MemberView>,
+}
+
+impl Pool {
+    pub fn new(cfg: &PoolConfig, default_algo: Algorithm, seed: u64) -> Pool {
+        let n = cfg.members.len();
+        let capacity = cfg.max_in_flight_per_member.map(|m| m as usize * n);
+        let bases = cfg
+            .members
+            .iter()
+            .map(|m| match m.host_port() {
+                // IPv6 hosts need their brackets back in a URL.
+                Some((h, p)) if h.contains(':') => format!("http://[{h}]:{p}"),
+                Some((h, p)) => format!("http://{h}:{p}"),
+                None => format!("http://{m}"),
+            })
+            .collect();
+        Pool {
+            name: cfg.name.clone(),
+            members: cfg.members.clone(),
+            bases,
+            models: cfg.models.clone(),
+            admission: Admission::new(capacity, cfg.queue_size),
+            queue_timeout: cfg.queue_timeout,
+            shed_saturation: cfg.shed_saturation,
+            eject_for: cfg.eject_for,
+            state: Mutex::new(State {
+                picker: Picker::new(cfg.algorithm.unwrap_or(default_algo), n, seed),
+                ejected_until: vec![None; n],
+                source: WeightSource::Equal,
+                updated_unix: None,
+                saturation: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Choose a member not in `tried` and count a request on it. Members ejected after a refused
+    /// connection are only chosen when nothing else is left.
+    pub fn pick(&self, tried: &[usize]) -> Option<usize> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let healthy: Vec<bool> = st.ejected_until.iter().map(|e| e.is_none_or(|t| t <= now)).collect();
+        let i = st
+            .picker
+            .pick(|i| healthy[i] && !tried.contains(&i))
+            .or_else(|| st.picker.pick(|i| !tried.contains(&i)))?;
+        st.picker.started(i);
+        Some(i)
+    }
+
+    /// The request on member `i` ended.
+    pub fn finish(&self, i: usize) {
+        self.lock().picker.finished(i);
+    }
+
+    /// Member `i` refused a connection: skip it for `eject_for`.
+    pub fn eject(&self, i: usize) {
+        let until = Instant::now() + self.eject_for;
+        if let Some(e) = self.lock().ejected_until.get_mut(i) {
+            *e = Some(until);
+        }
+    }
+
+    pub fn in_flight(&self, i: usize) -> u32 {
+        self.lock().picker.in_flight(i)
+    }
+
+    /// Apply a set of ratios as weights. Members not named get the mean of the named ones (so a
+    /// member the controller has not sampled yet gets an average share, not all or nothing).
+    pub fn apply_ratios(&self, ratios: &Ratios, source: WeightSource) -> Applied {
+        let known: Vec<Option<u32>> = self.members.iter().map(|m| ratios.get(m)).collect();
+        let named: Vec<u32> = known.iter().flatten().copied().collect();
+        let mean = if named.is_empty() {
+            1
+        } else {
+            let m = named.iter().map(|&v| v as f64).sum::<f64>() / named.len() as f64;
+            if m > 0.0 {
+                (m.round() as u32).max(1)
+            } else {
+                0
+            }
+        };
+        let weights: Vec<u32> = known.iter().map(|k| k.unwrap_or(mean)).collect();
+        let unknown_members =
+            ratios.iter().map(|(m, _)| m).filter(|m| !self.members.contains(m)).cloned().collect();
+        let defaulted_members =
+            self.members.iter().zip(&known).filter(|(_, k)| k.is_none()).map(|(m, _)| m.clone()).collect();
+        {
+            let mut st = self.lock();
+            st.picker.set_weights(&weights);
+            st.source = source;
+            st.updated_unix = Some(unix_now());
+        }
+        Applied {
+            weights: self.members.iter().cloned().zip(weights).collect(),
+            unknown_members,
+            defaulted_members,
+        }
+    }
+
+    pub fn set_saturation(&self, s: Option<f64>) {
+        self.lock().saturation = s.filter(|v| v.is_finite());
+    }
+
+    /// The controller reports this pool at or above its shedding threshold.
+    pub fn controller_saturated(&self) -> bool {
+        self.lock().saturation.is_some_and(|s| s >= self.shed_saturation)
+    }
+
+    pub fn weights(&self) -> Vec<u32> {
+        self.lock().picker.weights()
+    }
+
+    pub fn view(&self) -> PoolView {
+        let now = Instant::now();
+        let st = self.lock();
+        let weights = st.picker.weights();
+        let members = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| MemberView {
+                member: m.clone(),
+                weight: weights.get(i).copied().unwrap_or(0),
+                in_flight: st.picker.in_flight(i),
+                ejected: st.ejected_until[i].is_some_and(|t| t > now),
+            })
+            .collect();
+        PoolView {
+            pool: self.name.clone(),
+            algorithm: st.picker.algorithm(),
+            weights_from: st.source,
+            weights_updated_unix: st.updated_unix,
+            controller_saturation: st.saturation,
+            in_flight: self.admission.in_flight(),
+            queued: self.admission.queued(),
+            capacity: self.admission.capacity(),
+            members,
+        }
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(algo: Algorithm) -> Pool {
+        let cfg: PoolConfig =
+            serde_yaml_ng::from_str("name: p\nmembers: ['10.0.0.1:80', '10.0.0.2:80', '10.0.0.3:80']\n")
+                .unwrap();
+        Pool::new(&cfg, algo, 1)
+    }
+
+    #[test]
+    fn equal_until_ratios_then_mean_for_unnamed_members() {
+        let p = pool(Algorithm::WeightedRoundRobin);
+        assert_eq!(p.weights(), vec![1, 1, 1]);
+        let r: Ratios = [
+            (MemberId::from("10.0.0.1:80"), 60),
+            (MemberId::from("10.0.0.2:80"), 20),
+            (MemberId::from("9.9.9.9:1"), 5),
+        ]
+        .into_iter()
+        .collect();
+        let a = p.apply_ratios(&r, WeightSource::Webhook);
+        assert_eq!(p.weights(), vec![60, 20, 40]);
+        assert_eq!(a.unknown_members, vec![MemberId::from("9.9.9.9:1")]);
+        assert_eq!(a.defaulted_members, vec![MemberId::from("10.0.0.3:80")]);
+        assert_eq!(p.view().weights_from, WeightSource::Webhook);
+    }
+
+    #[test]
+    fn ejected_members_are_skipped_while_others_remain() {
+        let p = pool(Algorithm::RoundRobin);
+        p.eject(0);
+        for _ in 0..10 {
+            let i = p.pick(&[]).unwrap();
+            assert_ne!(i, 0);
+            p.finish(i);
+        }
+        // Everything else tried: the ejected member is still a last resort.
+        assert_eq!(p.pick(&[1, 2]), Some(0));
+        assert_eq!(p.pick(&[0, 1, 2]), None);
+    }
+}
