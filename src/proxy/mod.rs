@@ -216,30 +216,35 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     match (args.command, args.config) {
         (Some(ProxyCommand::Check { config }), _) => {
             let l = config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
-            println!("{}", describe(&l));
-            println!("config OK");
-            Ok(())
+            out(&format!("{}\nconfig OK\n", describe(&l)))
         }
         (Some(ProxyCommand::Explain { config, body, headers }), _) => {
             let l = config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
-            print!("{}", explain(&l, &body, &headers)?);
-            Ok(())
+            out(&explain(&l, &body, &headers)?)
         }
         (Some(ProxyCommand::ExportBigip { config, format, name }), _) => {
             let l = config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
             match format {
-                ExportFormat::Tmsh => print!("{}", bigip::tmsh(&l.table, &l.config, &name)),
+                ExportFormat::Tmsh => out(&bigip::tmsh(&l.table, &l.config, &name)),
                 ExportFormat::Rest => {
-                    println!("{}", serde_json::to_string_pretty(&bigip::icontrol_rest(&l.table, &l.config, &name))?)
+                    out(&format!("{}\n", serde_json::to_string_pretty(&bigip::icontrol_rest(&l.table, &l.config, &name))?))
                 }
             }
-            Ok(())
         }
         (Some(ProxyCommand::Bench(b)), _) => bench::run(b).await,
         (None, Some(config)) => serve(&config).await,
         (None, None) => anyhow::bail!(
             "give --config FILE to serve, or a subcommand (check, explain, export-bigip, bench); see `proxy --help`"
         ),
+    }
+}
+
+/// Print to stdout; a closed pipe (`| head`) is not an error.
+fn out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
     }
 }
 

@@ -193,15 +193,15 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// `step>step>...`: the route, for the response header and metrics.
+    /// `STEP:match,STEP:miss,...`: the route taken, for the response header.
     pub fn route(&self, table: &RouteTable) -> String {
         let mut s = String::new();
         for (i, h) in self.hops.iter().enumerate() {
             if i > 0 {
-                s.push('>');
+                s.push(',');
             }
             s.push_str(&table.steps[h.step].id);
-            s.push(if h.matched { '+' } else { '-' });
+            s.push_str(if h.matched { ":match" } else { ":miss" });
         }
         s
     }
@@ -680,12 +680,12 @@ steps:
         let h = HeaderMap::new();
         let d = t.evaluate(&json!({"model": "big"}), &h);
         assert_eq!(d.target, Target::Pool { pool: "a".into(), split: None });
-        assert_eq!(d.route(&t), "model+");
+        assert_eq!(d.route(&t), "model:match");
         let d = t.evaluate(&json!({"model": "x", "messages": [{"role": "system"}]}), &h);
         assert_eq!(d.target, Target::Pool { pool: "b".into(), split: None });
         let d = t.evaluate(&json!({"model": "x", "metadata": {"interactive": true}}), &h);
         assert_eq!(d.target, Target::Pool { pool: "c".into(), split: None });
-        assert_eq!(d.route(&t), "model->system->interactive+");
+        assert_eq!(d.route(&t), "model:miss,system:miss,interactive:match");
         let d = t.evaluate(&json!({"model": "x", "metadata": {"interactive": "yes"}}), &h);
         assert!(matches!(d.target, Target::Reject { status: 404, .. }));
         assert!(t
