@@ -312,10 +312,8 @@ impl RouteTable {
                 on_miss,
             });
         }
-        if !errs.is_empty() {
-            return Err(errs);
-        }
-        // Cycles and reachability, on the resolved graph.
+        // Cycles and reachability, on the resolved graph (a target that failed to resolve counts as
+        // an end, so every problem is reported in one pass).
         if let Some(cycle) = find_cycle(&steps, start) {
             let names: Vec<&str> = cycle.iter().map(|&i| steps[i].id.as_str()).collect();
             errs.push((

@@ -1,0 +1,124 @@
+//! Helpers shared by the `proxy_*` integration tests (included with `#[path]`; as its own test target
+//! it has no tests).
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use llm_load_controller::proxy::{self, ProxyConfig, ProxyHandle};
+use llm_load_controller::sim::{start_fleet, Fleet, FleetConfig, ModelProfile, ReplicaConfig};
+use serde_json::Value;
+use tokio::net::TcpListener;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
+
+/// Start the proxy from YAML text on free loopback ports.
+pub async fn start_proxy(yaml: &str) -> ProxyHandle {
+    let cfg: ProxyConfig = serde_yaml_ng::from_str(yaml).expect("test proxy config parses");
+    start_proxy_cfg(cfg).await
+}
+
+pub async fn start_proxy_cfg(cfg: ProxyConfig) -> ProxyHandle {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let a = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
+    proxy::start(cfg, l, a).await.expect("proxy starts")
+}
+
+/// `['127.0.0.1:P', ...]` for a YAML member list.
+pub fn members_yaml(addrs: &[SocketAddr]) -> String {
+    format!("[{}]", addrs.iter().map(|a| format!("'{a}'")).collect::<Vec<_>>().join(", "))
+}
+
+/// The tiny profile with a step time that does not depend on the batch: every request of N tokens
+/// takes N steps whatever the load, so request counts follow in-flight counts exactly. 256 sequences
+/// fit at once.
+pub fn constant_profile() -> ModelProfile {
+    let mut p = ModelProfile::tiny();
+    p.name = "constant".into();
+    p.max_num_seqs = 256;
+    p.max_num_batched_tokens = 8192;
+    p.num_gpu_blocks = 8192;
+    p.prefill_token_s = 0.0;
+    p.seq_s = 0.0;
+    p.kv_token_s = 0.0;
+    p.step_overhead_s = 0.002;
+    p
+}
+
+/// A fleet of `n` replicas serving `models` (and `lora` adapters), `time_scale` times faster.
+pub async fn fleet(
+    profile: ModelProfile,
+    n: usize,
+    models: &[&str],
+    lora: &[&str],
+    time_scale: f64,
+) -> Fleet {
+    let mut cfg = FleetConfig::new(profile, &vec![1.0; n]);
+    cfg.time_scale = time_scale;
+    cfg.replicas = (0..n)
+        .map(|_| ReplicaConfig {
+            speed: 1.0,
+            models: models.iter().map(|s| s.to_string()).collect(),
+            lora_adapters: lora.iter().map(|s| s.to_string()).collect(),
+        })
+        .collect();
+    start_fleet(cfg).await.expect("fleet starts")
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(60)).build().expect("client")
+}
+
+/// A finished response: status, headers, body as JSON (Null when it is not JSON) and text.
+pub struct Resp {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub json: Value,
+    pub text: String,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+    }
+}
+
+/// POST `body` (raw text) to `path` on the proxy.
+pub async fn post_raw(
+    c: &reqwest::Client,
+    addr: SocketAddr,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> Resp {
+    let mut req = c
+        .post(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = req.send().await.expect("request sent");
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    let text = r.text().await.expect("body");
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Resp { status, headers, json, text }
+}
+
+pub async fn chat(c: &reqwest::Client, addr: SocketAddr, body: &Value, headers: &[(&str, &str)]) -> Resp {
+    post_raw(c, addr, "/v1/chat/completions", &body.to_string(), headers).await
+}
+
+/// Total output tokens a fleet has produced, over all its replicas.
+pub fn tokens(f: &Fleet) -> u64 {
+    (0..f.len()).map(|i| f.stats(i).expect("replica").generation_tokens_total).sum()
+}
+
+/// Sum of a metric family's samples whose label text contains every one of `labels`.
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
