@@ -50,13 +50,13 @@ fn err(status: StatusCode, msg: impl Into<String>) -> Response {
 
 /// Check `Authorization: Bearer ...` against the configured token (read at each request, so a
 /// rotated secret file takes effect without a restart).
-fn authorized(st: &AdminState, headers: &HeaderMap) -> Result<(), Response> {
+fn authorized(st: &AdminState, headers: &HeaderMap) -> Result<(), (StatusCode, &'static str)> {
     let Some(token) = &st.token else { return Ok(()) };
     let want = match token.resolve() {
         Ok(t) => t,
         Err(e) => {
             tracing::error!(error = %e, "admin bearer token cannot be read; refusing admin requests");
-            return Err(err(
+            return Err((
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the proxy cannot read its admin token; see its log",
             ));
@@ -68,7 +68,7 @@ fn authorized(st: &AdminState, headers: &HeaderMap) -> Result<(), Response> {
         .and_then(|v| v.strip_prefix("Bearer "));
     match got {
         Some(g) if constant_time_eq(g.as_bytes(), want.as_bytes()) => Ok(()),
-        _ => Err(err(StatusCode::UNAUTHORIZED, "missing or wrong bearer token")),
+        _ => Err((StatusCode::UNAUTHORIZED, "missing or wrong bearer token")),
     }
 }
 
@@ -94,8 +94,8 @@ pub fn apply(shared: &Shared, pool: &str, ratios: &Ratios, source: WeightSource)
 }
 
 async fn post_ratios(State(st): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(r) = authorized(&st, &headers) {
-        return r;
+    if let Err((status, msg)) = authorized(&st, &headers) {
+        return err(status, msg);
     }
     let payload: WebhookPayload = match serde_json::from_slice(&body) {
         Ok(p) => p,
@@ -116,8 +116,8 @@ async fn post_ratios(State(st): State<AdminState>, headers: HeaderMap, body: Byt
 }
 
 async fn state(State(st): State<AdminState>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&st, &headers) {
-        return r;
+    if let Err((status, msg)) = authorized(&st, &headers) {
+        return err(status, msg);
     }
     let pools: Vec<_> = st.shared.pools.iter().map(|p| p.view()).collect();
     Json(json!({ "pools": pools })).into_response()
