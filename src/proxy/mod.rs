@@ -331,3 +331,50 @@ pub fn explain(l: &Loaded, body: &std::path::Path, headers: &[String]) -> anyhow
     let d = l.table.evaluate(&json, &map);
     Ok(l.table.explain(&d))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        proxy: ProxyArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ProxyArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("proxy").chain(args.iter().copied())).map(|c| c.proxy)
+    }
+
+    #[test]
+    fn serve_and_subcommands_parse() {
+        let a = parse(&["--config", "p.yaml"]).unwrap();
+        assert_eq!(a.config.as_deref(), Some(std::path::Path::new("p.yaml")));
+        assert!(a.command.is_none());
+        let a = parse(&["explain", "-c", "p.yaml", "--body", "b.json", "-H", "x-a: 1"]).unwrap();
+        assert!(matches!(a.command, Some(ProxyCommand::Explain { headers, .. }) if headers == ["x-a: 1"]));
+        let a = parse(&["export-bigip", "--config", "p.yaml", "--format", "rest"]).unwrap();
+        assert!(matches!(a.command, Some(ProxyCommand::ExportBigip { format: ExportFormat::Rest, .. })));
+        let a = parse(&["bench", "--requests", "10", "--concurrency", "2"]).unwrap();
+        assert!(matches!(a.command, Some(ProxyCommand::Bench(b)) if b.requests == 10 && b.concurrency == 2));
+        assert!(parse(&["--config", "p.yaml", "explain", "-c", "p.yaml", "--body", "b"]).is_err());
+    }
+
+    #[test]
+    fn explain_reads_headers() {
+        let l = config::parse(
+            std::path::Path::new("p.yaml"),
+            "pools:\n  - name: a\n    members: ['127.0.0.1:1']\n  - name: b\n    members: ['127.0.0.1:2']\nroutes:\n  steps:\n    - id: t\n      header: x-tier\n      op: one-of\n      value: [gold, silver]\n      match: { pool: a }\n      miss: { pool: b }\n",
+        )
+        .unwrap();
+        let dir = std::env::temp_dir().join(format!("proxy-explain-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let body = dir.join("b.json");
+        std::fs::write(&body, "{}").unwrap();
+        let out = explain(&l, &body, &["X-Tier: silver".into()]).unwrap();
+        assert!(out.contains("header x-tier = \"silver\" one-of") && out.contains("result: pool a"), "{out}");
+        assert!(explain(&l, &body, &["no colon".into()]).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
