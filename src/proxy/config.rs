@@ -104,8 +104,9 @@ pub struct Timeouts {
     /// TCP connect to a member; a failure retries on another member.
     #[serde(default = "defaults::connect", with = "humantime_serde")]
     pub connect: Duration,
-    /// From sending the request to the first byte of the response body (covers the model server's
-    /// queue and prefill: this is the TTFT budget).
+    /// From sending the request to the first byte of the response body: the model server's queue
+    /// and prefill for a streamed request (the TTFT budget), but the whole generation for a
+    /// non-streamed one (vLLM answers those at the end), so it must cover the longest of those.
     #[serde(default = "defaults::first_byte", with = "humantime_serde")]
     pub first_byte: Duration,
     /// Longest silence between two chunks of a response body.
@@ -198,7 +199,7 @@ mod defaults {
         Duration::from_secs(2)
     }
     pub fn first_byte() -> Duration {
-        Duration::from_secs(120)
+        Duration::from_secs(300)
     }
     pub fn idle() -> Duration {
         Duration::from_secs(60)
