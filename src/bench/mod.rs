@@ -1,16 +1,415 @@
-//! Virtual-time fleet benchmark (being built).
+//! `llm-load-controller bench`: the virtual-time fleet benchmark.
+//!
+//! Many replicas of the simulator's engine model ([`crate::sim::engine::Engine`], the code `sim`
+//! serves) run in virtual time behind a simulated load balancer ([`crate::picker`], the code the
+//! proxy runs, or an endpoint picker like the Gateway API Inference Extension's), with the
+//! controller's real policy ([`crate::policy::PoolPolicy`]) in the loop on samples as stale as
+//! Prometheus or a direct scrape would give. An hour of traffic over dozens of replicas takes
+//! seconds to a minute; the same seed gives the same numbers.
+//!
+//! - [`workload`]: request sizes (ShareGPT-like, long-context mix) and Poisson arrivals with spikes
+//!   and ramps; [`scenario`]: the named fleets and events; [`capacity`]: what 100% load is.
+//! - [`balancer`]: the balancers compared; [`fleet`]: the discrete-event simulation of one run.
+//! - [`stats`]: percentiles and spreads; [`report`]: tables and JSON; [`plot`]: SVG pictures.
+//! - [`scale`]: the controller's cost per cycle at 10,000 members (`--controller-scale`).
+//!
+//! Evidence and the defaults chosen from it: `src/bench/RESULTS.md`.
 
+pub mod balancer;
+pub mod capacity;
+pub mod fleet;
+pub mod plot;
+pub mod report;
+pub mod scale;
+pub mod scenario;
+pub mod stats;
+pub mod workload;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
 use clap::Args;
+use serde::Serialize;
+
+use crate::config::RatioRange;
+use crate::policy::PolicyConfig;
+use crate::sim::profile::ModelProfile;
+use balancer::Balancer;
+use fleet::{BalancerResult, RunOutcome, RunSpec, Signals};
 
 /// Arguments of `llm-load-controller bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Scenario to run.
+    /// Scenario: homogeneous, heterogeneous, degraded, spike, long-context, ramp, large.
     #[arg(long, default_value = "heterogeneous")]
     pub scenario: String,
+    /// Offered load as a fraction of the fleet's capacity (see src/bench/capacity.rs).
+    #[arg(long, default_value_t = 0.85)]
+    pub load: f64,
+    /// Balancers to compare, comma-separated, or `all` (adds ratio-p2c).
+    /// Default: round-robin,random,least-request,ratio,ratio-least-request,epp.
+    #[arg(long, value_delimiter = ',')]
+    pub balancers: Vec<String>,
+    /// The controller's policy: feedback or headroom.
+    #[arg(long, default_value = "feedback")]
+    pub policy: String,
+    /// Policy parameter override, KEY=VALUE, repeatable (e.g. --policy-param gain=0.3).
+    #[arg(long = "policy-param", value_name = "KEY=VALUE")]
+    pub policy_params: Vec<String>,
+    /// Smallest ratio the controller gives.
+    #[arg(long, default_value_t = 1)]
+    pub ratio_min: u32,
+    /// Largest ratio the controller gives.
+    #[arg(long, default_value_t = 100)]
+    pub ratio_max: u32,
+    /// Where the controller's samples come from: prometheus (15 s scrape) or direct (1 s).
+    #[arg(long, default_value = "prometheus")]
+    pub source: String,
+    /// Override the scrape interval of the source.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub scrape_interval: Option<Duration>,
+    /// How often the controller computes and pushes ratios.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub push_interval: Duration,
+    /// How often the epp balancer refreshes its metrics.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub epp_refresh: Duration,
+    /// Clients give up on a request not scheduled within this long (counted as rejected).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Length of the run in virtual time, warm-up included (default 12m; `large`: 1h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Warm-up excluded from the results.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub warmup: Option<Duration>,
+    /// Number of replicas (the scenario's speed pattern is kept).
+    #[arg(long)]
+    pub replicas: Option<usize>,
+    /// Model/GPU profile of the engines: llama-8b-h100 or tiny.
+    #[arg(long, default_value = "llama-8b-h100")]
+    pub profile: String,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// text (table), json, or markdown.
+    #[arg(long, default_value = "text")]
+    pub output: String,
+    /// Write SVG pictures to this directory.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Run every grid scenario (or --scenarios) at every --loads and print one table.
+    #[arg(long)]
+    pub sweep: bool,
+    /// Scenarios of the sweep, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub scenarios: Vec<String>,
+    /// Loads of the sweep, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0.7,0.85,0.95")]
+    pub loads: Vec<f64>,
+    /// Runs in parallel (threads). Results do not depend on it.
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+    /// Measure the controller's cost per cycle and memory at scale instead.
+    #[arg(long)]
+    pub controller_scale: bool,
+    /// Pools for --controller-scale.
+    #[arg(long, default_value_t = 1000)]
+    pub pools: usize,
+    /// Members per pool for --controller-scale.
+    #[arg(long, default_value_t = 10)]
+    pub members: usize,
+    /// Cycles measured by --controller-scale.
+    #[arg(long, default_value_t = 20)]
+    pub cycles: usize,
 }
 
-/// Run the benchmark and print its results.
-pub fn run(_args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("the benchmark is not built yet")
+/// One scenario at one load: every balancer's results and what was run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScenarioReport {
+    pub scenario: String,
+    pub load: f64,
+    pub policy: String,
+    pub policy_params: Vec<String>,
+    pub profile: String,
+    pub replicas: usize,
+    pub speeds: Vec<f64>,
+    pub duration_s: f64,
+    pub warmup_s: f64,
+    pub seed: u64,
+    pub signals: Signals,
+    /// Clients give up on a request not scheduled within this long.
+    pub timeout_s: f64,
+    /// Saturation throughput of one speed-1 replica for this mix, requests/s.
+    pub replica_capacity_rps: f64,
+    /// Base arrival rate: load x sum(speeds) x replica capacity.
+    pub arrival_rps: f64,
+    pub results: Vec<BalancerResult>,
+}
+
+/// A scenario report plus what only the process needs (plots, timing).
+pub struct ScenarioRun {
+    pub report: ScenarioReport,
+    pub outcomes: Vec<RunOutcome>,
+}
+
+/// The settings shared by every run of one invocation.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub profile: ModelProfile,
+    pub balancers: Vec<Balancer>,
+    pub policy: PolicyConfig,
+    pub policy_name: String,
+    pub policy_params: Vec<String>,
+    pub ratio_range: RatioRange,
+    pub signals: Signals,
+    pub timeout_s: f64,
+    pub duration_s: Option<f64>,
+    pub warmup_s: Option<f64>,
+    pub replicas: Option<usize>,
+    pub seed: u64,
+    pub jobs: usize,
+    pub record_series: bool,
+}
+
+impl Settings {
+    /// Check and convert command-line arguments.
+    pub fn from_args(a: &BenchArgs) -> anyhow::Result<Settings> {
+        let profile = ModelProfile::by_name(&a.profile)?;
+        let balancers = parse_balancers(&a.balancers)?;
+        let policy = parse_policy(&a.policy, &a.policy_params)?;
+        if a.ratio_min > a.ratio_max || a.ratio_max == 0 {
+            bail!(
+                "--ratio-min ({}) must be <= --ratio-max ({}), and --ratio-max >= 1",
+                a.ratio_min,
+                a.ratio_max
+            );
+        }
+        let mut signals = match a.source.as_str() {
+            "prometheus" => Signals::prometheus(),
+            "direct" => Signals::direct(),
+            other => bail!("unknown --source {other:?}; use prometheus or direct"),
+        };
+        if let Some(s) = a.scrape_interval {
+            signals.scrape_interval_s = s.as_secs_f64();
+        }
+        signals.push_interval_s = a.push_interval.as_secs_f64();
+        signals.epp_refresh_s = a.epp_refresh.as_secs_f64();
+        for (name, v) in [
+            ("--scrape-interval", signals.scrape_interval_s),
+            ("--push-interval", signals.push_interval_s),
+            ("--epp-refresh", signals.epp_refresh_s),
+        ] {
+            if v < 0.001 {
+                bail!("{name} must be at least 1ms");
+            }
+        }
+        if a.timeout.is_zero() {
+            bail!("--timeout must be > 0");
+        }
+        Ok(Settings {
+            profile,
+            balancers,
+            policy,
+            policy_name: a.policy.clone(),
+            policy_params: a.policy_params.clone(),
+            ratio_range: RatioRange { min: a.ratio_min, max: a.ratio_max },
+            signals,
+            timeout_s: a.timeout.as_secs_f64(),
+            duration_s: a.duration.map(|d| d.as_secs_f64()),
+            warmup_s: a.warmup.map(|d| d.as_secs_f64()),
+            replicas: a.replicas,
+            seed: a.seed,
+            jobs: a.jobs.max(1),
+            record_series: a.plot.is_some(),
+        })
+    }
+}
+
+fn parse_balancers(list: &[String]) -> anyhow::Result<Vec<Balancer>> {
+    if list.is_empty() {
+        return Ok(balancer::DEFAULT_SET.to_vec());
+    }
+    if list.len() == 1 && list[0] == "all" {
+        return Ok(balancer::ALL.to_vec());
+    }
+    let mut out = Vec::new();
+    for s in list {
+        let b = Balancer::parse(s.trim()).map_err(anyhow::Error::msg)?;
+        if !out.contains(&b) {
+            out.push(b);
+        }
+    }
+    Ok(out)
+}
+
+/// `feedback` + `gain=0.3` -> the same `PolicyConfig` a config file with those fields would give,
+/// checked by the same validation.
+pub fn parse_policy(name: &str, params: &[String]) -> anyhow::Result<PolicyConfig> {
+    let mut obj = serde_json::Map::new();
+    obj.insert("kind".into(), serde_json::Value::String(name.to_string()));
+    for p in params {
+        let (k, v) = p
+            .split_once('=')
+            .with_context(|| format!("--policy-param {p:?}: write KEY=VALUE, e.g. gain=0.3"))?;
+        let value = match v.trim().parse::<f64>() {
+            Ok(x) => serde_json::json!(x),
+            Err(_) => serde_json::Value::String(v.trim().to_string()),
+        };
+        obj.insert(k.trim().to_string(), value);
+    }
+    let cfg: PolicyConfig = serde_json::from_value(serde_json::Value::Object(obj)).with_context(|| {
+        format!("policy {name:?} with {params:?}: known policies are feedback and headroom")
+    })?;
+    let problems = cfg.validate();
+    if !problems.is_empty() {
+        let msg: Vec<String> = problems.into_iter().map(|(f, m)| format!("{f}: {m}")).collect();
+        bail!("policy {name}: {}", msg.join("; "));
+    }
+    Ok(cfg)
+}
+
+/// Run every balancer of `settings` on one scenario at one load.
+pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Result<ScenarioRun> {
+    if !(load > 0.0 && load.is_finite()) {
+        bail!("--load must be a positive fraction of capacity (0.85 = 85%), got {load}");
+    }
+    let sc = scenario::build(name, settings.replicas, settings.duration_s, settings.warmup_s)
+        .map_err(anyhow::Error::msg)?;
+    let per_replica = capacity::replica_rps(&settings.profile, sc.mix).map_err(anyhow::Error::msg)?;
+    let arrival_rps = load * sc.speeds.iter().sum::<f64>() * per_replica;
+    let specs: Vec<RunSpec> = settings
+        .balancers
+        .iter()
+        .map(|&b| RunSpec {
+            profile: settings.profile.clone(),
+            scenario: sc.clone(),
+            arrival_rps,
+            balancer: b,
+            policy: settings.policy.clone(),
+            ratio_range: settings.ratio_range,
+            signals: settings.signals,
+            timeout_s: settings.timeout_s,
+            seed: settings.seed,
+            record_series: settings.record_series,
+        })
+        .collect();
+    let outcomes = run_all(&specs, settings.jobs)?;
+    let report = ScenarioReport {
+        scenario: sc.name.clone(),
+        load,
+        policy: settings.policy_name.clone(),
+        policy_params: settings.policy_params.clone(),
+        profile: settings.profile.name.clone(),
+        replicas: sc.speeds.len(),
+        speeds: sc.speeds.clone(),
+        duration_s: sc.duration_s,
+        warmup_s: sc.warmup_s,
+        seed: settings.seed,
+        signals: settings.signals,
+        timeout_s: settings.timeout_s,
+        replica_capacity_rps: per_replica,
+        arrival_rps,
+        results: outcomes.iter().map(|o| o.result.clone()).collect(),
+    };
+    Ok(ScenarioRun { report, outcomes })
+}
+
+/// Run specs on up to `jobs` threads; results come back in the order of `specs`.
+fn run_all(specs: &[RunSpec], jobs: usize) -> anyhow::Result<Vec<RunOutcome>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<Result<RunOutcome, String>>>> =
+        specs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..jobs.min(specs.len()).max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(spec) = specs.get(i) else { break };
+                let r = fleet::run(spec);
+                if let Ok(mut slot) = slots[i].lock() {
+                    *slot = Some(r);
+                }
+            });
+        }
+    });
+    let mut out = Vec::with_capacity(specs.len());
+    for (slot, spec) in slots.into_iter().zip(specs) {
+        let r = slot
+            .into_inner()
+            .ok()
+            .flatten()
+            .ok_or_else(|| anyhow::anyhow!("run of {} did not complete", spec.balancer.name()))?;
+        out.push(
+            r.map_err(anyhow::Error::msg).with_context(|| format!("balancer {}", spec.balancer.name()))?,
+        );
+    }
+    Ok(out)
+}
+
+/// `llm-load-controller bench`.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.controller_scale {
+        let r = scale::measure(args.pools, args.members, args.cycles, args.seed)?;
+        match args.output.as_str() {
+            "json" => println!("{}", serde_json::to_string_pretty(&r)?),
+            _ => print!("{}", scale::render(&r)),
+        }
+        return Ok(());
+    }
+    let settings = Settings::from_args(&args)?;
+    if !matches!(args.output.as_str(), "text" | "json" | "markdown") {
+        bail!("unknown --output {:?}; use text, json or markdown", args.output);
+    }
+    if args.sweep {
+        let names: Vec<String> = if args.scenarios.is_empty() {
+            scenario::GRID.iter().map(|s| s.to_string()).collect()
+        } else {
+            args.scenarios.clone()
+        };
+        let mut reports = Vec::new();
+        let started = std::time::Instant::now();
+        for name in &names {
+            for &load in &args.loads {
+                let r = run_scenario(name, load, &settings)?;
+                eprintln!(
+                    "{name} at {:.0}%: {:.1} s wall ({} runs)",
+                    load * 100.0,
+                    r.outcomes.iter().map(|o| o.wall_s).sum::<f64>(),
+                    r.outcomes.len()
+                );
+                if let Some(dir) = &args.plot {
+                    plot::write_all(dir, &r)?;
+                }
+                reports.push(r.report);
+            }
+        }
+        eprintln!("sweep: {:.1} s wall", started.elapsed().as_secs_f64());
+        match args.output.as_str() {
+            "json" => println!("{}", serde_json::to_string_pretty(&reports)?),
+            _ => print!("{}", report::sweep_markdown(&reports)),
+        }
+        return Ok(());
+    }
+    let r = run_scenario(&args.scenario, args.load, &settings)?;
+    let wall: f64 = r.outcomes.iter().map(|o| o.wall_s).sum();
+    let events: u64 = r.outcomes.iter().map(|o| o.events).sum();
+    eprintln!(
+        "{} runs of {:.0} s virtual time: {:.2} s wall, {} events",
+        r.outcomes.len(),
+        r.report.duration_s,
+        wall,
+        events
+    );
+    if let Some(dir) = &args.plot {
+        let files = plot::write_all(dir, &r)?;
+        for f in files {
+            eprintln!("wrote {}", f.display());
+        }
+    }
+    match args.output.as_str() {
+        "json" => println!("{}", serde_json::to_string_pretty(&r.report)?),
+        "markdown" => print!("{}", report::markdown(&r.report)),
+        _ => print!("{}", report::text(&r.report)),
+    }
+    Ok(())
 }

@@ -1,0 +1,225 @@
+//! The simulated load balancers: which replica each request goes to.
+//!
+//! All but `epp` are [`crate::picker::Picker`], the code the reference proxy runs. What each one
+//! knows, as in life:
+//! - in-flight counts are the balancer's own (a real LB counts its connections), exact and instant;
+//! - weights are the controller's ratios, as of the last push;
+//! - `epp` sees the model servers' own gauges, refreshed every 50 ms, and nothing else.
+//!
+//! `epp` stands for the Gateway API Inference Extension's endpoint picker in its load-only
+//! configuration (prefix-cache scoring has nothing to score here: requests share no prefixes):
+//! `queue-scorer` (waiting queue, min-max normalized across endpoints, 1 when all are equal) and
+//! `kv-cache-utilization-scorer` (1 - KV usage), both weight 2 as in the project's published default
+//! config, then `max-score-picker` (highest total, ties at random). It does not count its own
+//! in-flight requests; between refreshes it keeps choosing from the same numbers.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use crate::picker::{Algorithm, Picker};
+
+/// A balancer under test. Names are fixed (CLI, JSON, tables).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum Balancer {
+    RoundRobin,
+    Random,
+    LeastRequest,
+    /// Smooth weighted round robin with the controller's ratios (BIG-IP `ratio-member`).
+    Ratio,
+    /// Weighted least-request, full scan (BIG-IP `ratio-least-connections-member`, HAProxy `leastconn`).
+    RatioLeastRequest,
+    /// Weighted least-request over two random members (Envoy `LEAST_REQUEST` with weights).
+    RatioP2c,
+    /// Per-request picker on 50 ms-old queue and KV metrics (Gateway API Inference Extension).
+    Epp,
+}
+
+/// The six balancers of the issue, in report order.
+pub const DEFAULT_SET: &[Balancer] = &[
+    Balancer::RoundRobin,
+    Balancer::Random,
+    Balancer::LeastRequest,
+    Balancer::Ratio,
+    Balancer::RatioLeastRequest,
+    Balancer::Epp,
+];
+
+/// Every balancer.
+pub const ALL: &[Balancer] = &[
+    Balancer::RoundRobin,
+    Balancer::Random,
+    Balancer::LeastRequest,
+    Balancer::Ratio,
+    Balancer::RatioLeastRequest,
+    Balancer::RatioP2c,
+    Balancer::Epp,
+];
+
+impl Balancer {
+    pub fn name(self) -> &'static str {
+        match self {
+            Balancer::RoundRobin => "round-robin",
+            Balancer::Random => "random",
+            Balancer::LeastRequest => "least-request",
+            Balancer::Ratio => "ratio",
+            Balancer::RatioLeastRequest => "ratio-least-request",
+            Balancer::RatioP2c => "ratio-p2c",
+            Balancer::Epp => "epp",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Balancer, String> {
+        ALL.iter().copied().find(|b| b.name() == s).ok_or_else(|| {
+            format!(
+                "unknown balancer {s:?}; known balancers: {}",
+                ALL.iter().map(|b| b.name()).collect::<Vec<_>>().join(", ")
+            )
+        })
+    }
+
+    /// Whether the controller's ratios drive this balancer.
+    pub fn uses_ratios(self) -> bool {
+        matches!(self, Balancer::Ratio | Balancer::RatioLeastRequest | Balancer::RatioP2c)
+    }
+
+    fn algorithm(self) -> Option<Algorithm> {
+        Some(match self {
+            Balancer::RoundRobin => Algorithm::RoundRobin,
+            Balancer::Random => Algorithm::Random,
+            Balancer::LeastRequest => Algorithm::LeastRequest,
+            Balancer::Ratio => Algorithm::WeightedRoundRobin,
+            Balancer::RatioLeastRequest => Algorithm::WeightedLeastRequest,
+            Balancer::RatioP2c => Algorithm::WeightedLeastRequestP2c,
+            Balancer::Epp => return None,
+        })
+    }
+}
+
+/// What `epp` knows of one replica: the gauges at its last refresh.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EppView {
+    pub waiting: u32,
+    pub kv_usage: f64,
+}
+
+/// Weights of the two scorers in the Inference Extension's default profile.
+const EPP_QUEUE_WEIGHT: f64 = 2.0;
+const EPP_KV_WEIGHT: f64 = 2.0;
+
+/// A balancer's state during one run.
+pub struct Lb {
+    kind: Balancer,
+    picker: Picker,
+    /// Separate generator for `epp` ties, so it never disturbs the picker's stream.
+    rng: ChaCha8Rng,
+    pub epp: Vec<EppView>,
+    ties: Vec<usize>,
+}
+
+impl Lb {
+    pub fn new(kind: Balancer, n: usize, seed: u64) -> Lb {
+        // Epp still keeps a picker for its in-flight bookkeeping; round robin is never asked to pick.
+        let algo = kind.algorithm().unwrap_or(Algorithm::RoundRobin);
+        Lb {
+            kind,
+            picker: Picker::new(algo, n, seed),
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0e99),
+            epp: vec![EppView::default(); n],
+            ties: Vec::with_capacity(n),
+        }
+    }
+
+    pub fn kind(&self) -> Balancer {
+        self.kind
+    }
+
+    pub fn set_weights(&mut self, w: &[u32]) {
+        self.picker.set_weights(w);
+    }
+
+    pub fn weights(&self) -> Vec<u32> {
+        self.picker.weights()
+    }
+
+    /// Choose a replica for a new request and count it in flight there.
+    pub fn pick(&mut self) -> usize {
+        let i = match self.kind {
+            Balancer::Epp => self.pick_epp(),
+            _ => self.picker.pick(|_| true).unwrap_or(0),
+        };
+        self.picker.started(i);
+        i
+    }
+
+    pub fn finished(&mut self, i: usize) {
+        self.picker.finished(i);
+    }
+
+    pub fn in_flight(&self, i: usize) -> u32 {
+        self.picker.in_flight(i)
+    }
+
+    fn pick_epp(&mut self) -> usize {
+        let (lo, hi) =
+            self.epp.iter().fold((u32::MAX, 0), |(lo, hi), v| (lo.min(v.waiting), hi.max(v.waiting)));
+        let mut best = f64::NEG_INFINITY;
+        self.ties.clear();
+        for (i, v) in self.epp.iter().enumerate() {
+            let queue = if hi == lo { 1.0 } else { (hi - v.waiting) as f64 / (hi - lo) as f64 };
+            let score = EPP_QUEUE_WEIGHT * queue + EPP_KV_WEIGHT * (1.0 - v.kv_usage);
+            if score > best + 1e-12 {
+                best = score;
+                self.ties.clear();
+                self.ties.push(i);
+            } else if (score - best).abs() <= 1e-12 {
+                self.ties.push(i);
+            }
+        }
+        match self.ties.len() {
+            0 => 0,
+            1 => self.ties[0],
+            n => self.ties[self.rng.gen_range(0..n)],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for b in ALL {
+            assert_eq!(Balancer::parse(b.name()), Ok(*b));
+        }
+        assert!(Balancer::parse("leastconn").unwrap_err().contains("ratio-least-request"));
+    }
+
+    #[test]
+    fn epp_prefers_short_queue_and_free_kv_and_ignores_its_own_picks() {
+        let mut lb = Lb::new(Balancer::Epp, 3, 1);
+        lb.epp = vec![
+            EppView { waiting: 10, kv_usage: 0.9 },
+            EppView { waiting: 0, kv_usage: 0.5 },
+            EppView { waiting: 0, kv_usage: 0.2 },
+        ];
+        // Stale view: every pick goes to the same best replica until the next refresh.
+        for _ in 0..5 {
+            assert_eq!(lb.pick(), 2);
+        }
+        assert_eq!(lb.in_flight(2), 5);
+    }
+
+    #[test]
+    fn ratio_least_request_uses_weights() {
+        let mut lb = Lb::new(Balancer::RatioLeastRequest, 2, 1);
+        lb.set_weights(&[3, 1]);
+        let mut c = [0; 2];
+        for _ in 0..40 {
+            c[lb.pick()] += 1;
+        }
+        assert_eq!(c, [30, 10]);
+    }
+}

@@ -1,0 +1,640 @@
+//! One run: a fleet of engines behind one balancer, with the controller in the loop, in virtual time.
+//!
+//! A discrete-event simulation. One priority queue orders, by virtual time (ties by insertion):
+//! - `Arrival`: the next client request (one pending at a time, from [`super::workload`]);
+//! - `StepEnd(r)`: replica `r`'s engine step is over. The step was planned when it started
+//!   ([`Engine::step_into`], the code `sim` runs); its events take effect now. The next step starts
+//!   at once if the engine has work, as vLLM's engine loop does;
+//! - `Scrape(r)`: the metrics pipeline records replica `r`'s gauges (waiting, running, KV usage). With
+//!   Prometheus every target has its own phase inside the scrape interval, as Prometheus spreads
+//!   targets; the controller sees the last recorded value and its age;
+//! - `Push`: one control cycle: [`PoolPolicy::compute`] on the recorded samples (exactly what the
+//!   controller runs), and the balancer gets the ratios at once;
+//! - `EppRefresh`: the endpoint picker copies every replica's gauges (every 50 ms);
+//! - `Tick`: once a second, spreads across replicas are sampled (and recorded for plots);
+//! - `Speed(r)`: a scenario event (a replica slows down).
+//!
+//! Client timeouts are a FIFO beside the queue (all share one timeout, so they expire in arrival
+//! order): a request still queued, never scheduled, `timeout_s` after it arrived is aborted by its
+//! client and counted as rejected. Its TTFT counts as the timeout (a censored value: a p99 equal to
+//! the timeout means more than 1% gave up).
+//!
+//! Statistics cover requests that arrive inside the measured window `[warmup, duration)`; tokens/s
+//! counts tokens produced inside it. After the last arrival the run continues until every request
+//! is finished or has given up.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::{Duration, Instant};
+
+use llm_lc_adapters::{MemberId, Ratios};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::balancer::{Balancer, EppView, Lb};
+use super::scenario::Scenario;
+use super::stats::{percentile, sort, LogHistogram, Spread};
+use super::workload::{Arrivals, Lengths};
+use crate::config::RatioRange;
+use crate::policy::{PolicyConfig, PoolPolicy};
+use crate::sim::engine::{Engine, EngineEvent, EngineRequest, EngineStats};
+use crate::sim::profile::ModelProfile;
+use crate::source::{Sample, Snapshot};
+
+/// How stale each party's view of the fleet is.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Signals {
+    /// `prometheus` (targets scraped at their own phase) or `direct`.
+    pub source: &'static str,
+    /// How often the controller's samples are refreshed.
+    pub scrape_interval_s: f64,
+    /// How often the controller computes and pushes ratios.
+    pub push_interval_s: f64,
+    /// How often `epp` refreshes its metrics.
+    pub epp_refresh_s: f64,
+    /// The controller's `stale_after` and `grace` (its defaults: 60 s and 30 s).
+    pub stale_after_s: f64,
+    pub grace_s: f64,
+}
+
+impl Signals {
+    pub fn prometheus() -> Signals {
+        Signals {
+            source: "prometheus",
+            scrape_interval_s: 15.0,
+            push_interval_s: 5.0,
+            epp_refresh_s: 0.05,
+            stale_after_s: 60.0,
+            grace_s: 30.0,
+        }
+    }
+
+    pub fn direct() -> Signals {
+        Signals { source: "direct", scrape_interval_s: 1.0, ..Signals::prometheus() }
+    }
+}
+
+/// Everything one run needs.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub profile: ModelProfile,
+    pub scenario: Scenario,
+    /// Base arrival rate, requests/s (the scenario's shape multiplies it).
+    pub arrival_rps: f64,
+    pub balancer: Balancer,
+    pub policy: PolicyConfig,
+    pub ratio_range: RatioRange,
+    pub signals: Signals,
+    /// Clients give up on a request not scheduled within this many seconds.
+    pub timeout_s: f64,
+    pub seed: u64,
+    /// Keep per-second per-replica series for plots.
+    pub record_series: bool,
+}
+
+/// One balancer's numbers over the measured window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BalancerResult {
+    pub balancer: String,
+    pub ttft_p50_s: f64,
+    pub ttft_p90_s: f64,
+    pub ttft_p99_s: f64,
+    pub itl_p50_s: f64,
+    pub itl_p99_s: f64,
+    pub e2e_p99_s: f64,
+    pub throughput_tok_s: f64,
+    pub completed: u64,
+    /// Requests given up (not scheduled within the timeout) or refused.
+    pub rejected: u64,
+    /// Time average of (max - min) KV usage across replicas, 0..1.
+    pub kv_spread: f64,
+    /// Time average of (max - min) waiting requests across replicas.
+    pub queue_spread: f64,
+    pub mean_kv_usage: f64,
+    pub preemptions: u64,
+    /// Pushes that changed at least one weight (how busy the LB's API would be).
+    pub weight_updates: u64,
+    /// Weights when the measured window closed (empty for balancers that ignore ratios).
+    pub final_weights: Vec<u32>,
+    /// Share of the measured requests each replica received.
+    pub share: Vec<f64>,
+}
+
+/// Per-second series for plots.
+#[derive(Debug, Clone, Default)]
+pub struct Series {
+    pub t: Vec<f32>,
+    /// `[replica][tick]`
+    pub kv: Vec<Vec<f32>>,
+    pub waiting: Vec<Vec<f32>>,
+    /// Time of each push and the weights after it.
+    pub weight_t: Vec<f32>,
+    pub weights: Vec<Vec<u32>>,
+}
+
+/// A finished run.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub result: BalancerResult,
+    /// Sorted TTFTs of the measured requests (timeouts counted as the timeout), for CDFs.
+    pub ttft_sorted: Vec<f32>,
+    pub series: Option<Series>,
+    pub events: u64,
+    pub wall_s: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Ev {
+    Arrival,
+    StepEnd(u32),
+    Scrape(u32),
+    Push,
+    EppRefresh,
+    Tick,
+    Speed(u32, f64),
+}
+
+struct Entry {
+    t: f64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Entry {
+    /// Reversed: `BinaryHeap` is a max-heap and we want the earliest (then the first inserted).
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.t.total_cmp(&self.t).then(o.seq.cmp(&self.seq))
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Req {
+    serial: u64,
+    arrival: f64,
+    last_token: f64,
+    replica: u32,
+    measured: bool,
+    scheduled: bool,
+    live: bool,
+}
+
+struct Replica {
+    engine: Engine,
+    busy: bool,
+    /// Events of the step in progress; they take effect at its end.
+    pending: Vec<EngineEvent>,
+    /// Last scrape: gauges and when they were taken.
+    sample: Option<(EngineStats, f64)>,
+}
+
+struct Sim<'a> {
+    spec: &'a RunSpec,
+    now: f64,
+    seq: u64,
+    heap: BinaryHeap<Entry>,
+    timeouts: VecDeque<(f64, u32, u64)>,
+    reps: Vec<Replica>,
+    reqs: Vec<Req>,
+    free: Vec<u32>,
+    serial: u64,
+    in_flight: u64,
+    lb: Lb,
+    policy: Option<PoolPolicy>,
+    members: Vec<MemberId>,
+    prev: Ratios,
+    arrivals: Arrivals,
+    arrival_rng: ChaCha8Rng,
+    length_rng: ChaCha8Rng,
+    lengths: Lengths,
+    // statistics
+    ttft: Vec<f32>,
+    e2e: Vec<f32>,
+    itl: LogHistogram,
+    tokens: u64,
+    completed: u64,
+    rejected: u64,
+    kv_spread: Spread,
+    queue_spread: Spread,
+    kv_sum: f64,
+    kv_n: u64,
+    weight_updates: u64,
+    /// Weights when the measured window closed (the drain after it is not steady state).
+    window_weights: Option<Vec<u32>>,
+    dispatched: Vec<u64>,
+    series: Option<Series>,
+    events: u64,
+}
+
+/// Independent, reproducible streams derived from the run seed.
+fn stream(seed: u64, k: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(k))
+}
+
+/// Run one balancer on one scenario.
+pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
+    let started = Instant::now();
+    let sc = &spec.scenario;
+    let n = sc.speeds.len();
+    if n == 0 {
+        return Err("a fleet needs at least one replica".into());
+    }
+    if !(spec.arrival_rps >= 0.0 && spec.arrival_rps.is_finite()) {
+        return Err(format!("arrival rate {} must be a finite number >= 0", spec.arrival_rps));
+    }
+    let mut reps = Vec::with_capacity(n);
+    for &speed in &sc.speeds {
+        let mut engine = Engine::new(&spec.profile, speed).map_err(|e| e.to_string())?;
+        engine.set_token_events(true);
+        reps.push(Replica { engine, busy: false, pending: Vec::with_capacity(512), sample: None });
+    }
+    let sig = &spec.signals;
+    let policy = spec.balancer.uses_ratios().then(|| {
+        PoolPolicy::new(
+            &spec.policy,
+            spec.ratio_range,
+            Duration::from_secs_f64(sig.stale_after_s),
+            Duration::from_secs_f64(sig.grace_s),
+            Duration::from_secs_f64(sig.push_interval_s),
+        )
+    });
+    let mut lb = Lb::new(spec.balancer, n, spec.seed ^ 0x1b);
+    if spec.balancer.uses_ratios() {
+        // Before the first push every member has the same ratio, as a freshly configured pool.
+        lb.set_weights(&vec![spec.ratio_range.clamp(spec.ratio_range.mid()); n]);
+    }
+    let mut sim = Sim {
+        spec,
+        now: 0.0,
+        seq: 0,
+        heap: BinaryHeap::new(),
+        timeouts: VecDeque::new(),
+        reps,
+        reqs: Vec::new(),
+        free: Vec::new(),
+        serial: 0,
+        in_flight: 0,
+        lb,
+        policy,
+        members: (0..n).map(|r| MemberId(format!("replica-{r:03}:8000"))).collect(),
+        prev: Ratios::default(),
+        arrivals: Arrivals::new(spec.arrival_rps, sc.shape),
+        arrival_rng: stream(spec.seed, 1),
+        length_rng: stream(spec.seed, 2),
+        lengths: Lengths::new(sc.mix, spec.profile.max_model_len),
+        ttft: Vec::new(),
+        e2e: Vec::new(),
+        itl: LogHistogram::default(),
+        tokens: 0,
+        completed: 0,
+        rejected: 0,
+        kv_spread: Spread::default(),
+        queue_spread: Spread::default(),
+        kv_sum: 0.0,
+        kv_n: 0,
+        weight_updates: 0,
+        window_weights: None,
+        dispatched: vec![0; n],
+        series: spec.record_series.then(|| Series {
+            kv: vec![Vec::new(); n],
+            waiting: vec![Vec::new(); n],
+            ..Series::default()
+        }),
+        events: 0,
+    };
+    sim.schedule_initial();
+    sim.main_loop();
+    let mut out = sim.finish();
+    out.wall_s = started.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+impl Sim<'_> {
+    fn at(&mut self, t: f64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Entry { t, seq: self.seq, ev });
+    }
+
+    fn schedule_initial(&mut self) {
+        let spec = self.spec;
+        let sig = spec.signals;
+        if let Some(t) = self.arrivals.next(&mut self.arrival_rng) {
+            if t < spec.scenario.duration_s {
+                self.at(t, Ev::Arrival);
+            }
+        }
+        if spec.balancer.uses_ratios() {
+            // Prometheus spreads its targets over the interval; the phases come from their own
+            // stream so every balancer sees the same ones.
+            let mut phase_rng = stream(spec.seed, 3);
+            for r in 0..self.reps.len() {
+                let phase = if sig.source == "prometheus" {
+                    phase_rng.gen_range(0.0..sig.scrape_interval_s)
+                } else {
+                    0.0
+                };
+                self.at(phase, Ev::Scrape(r as u32));
+            }
+            self.at(sig.push_interval_s, Ev::Push);
+        }
+        if spec.balancer == Balancer::Epp {
+            self.at(0.0, Ev::EppRefresh);
+        }
+        self.at(0.0, Ev::Tick);
+        for c in &spec.scenario.speed_changes {
+            if c.replica < self.reps.len() {
+                self.at(c.at_s, Ev::Speed(c.replica as u32, c.speed));
+            }
+        }
+    }
+
+    fn in_window(&self, t: f64) -> bool {
+        t >= self.spec.scenario.warmup_s && t < self.spec.scenario.duration_s
+    }
+
+    fn main_loop(&mut self) {
+        let end = self.spec.scenario.duration_s;
+        // A backstop only: every request either gets scheduled or gives up within the timeout, and
+        // scheduled requests finish.
+        let hard_stop = end + self.spec.timeout_s + 3600.0;
+        loop {
+            let next_t = self.heap.peek().map(|e| e.t).unwrap_or(f64::INFINITY);
+            while let Some(&(deadline, id, serial)) = self.timeouts.front() {
+                if deadline > next_t {
+                    break;
+                }
+                self.timeouts.pop_front();
+                self.now = deadline;
+                self.timeout(id, serial);
+            }
+            let Some(e) = self.heap.pop() else { break };
+            self.now = e.t;
+            if e.t >= end && self.in_flight == 0 {
+                break;
+            }
+            if e.t > hard_stop {
+                break;
+            }
+            self.events += 1;
+            match e.ev {
+                Ev::Arrival => self.arrival(),
+                Ev::StepEnd(r) => self.step_end(r as usize),
+                Ev::Scrape(r) => {
+                    let rep = &mut self.reps[r as usize];
+                    rep.sample = Some((rep.engine.stats(), self.now));
+                    let t = self.now + self.spec.signals.scrape_interval_s;
+                    self.at(t, Ev::Scrape(r));
+                }
+                Ev::Push => self.push(),
+                Ev::EppRefresh => {
+                    for (v, rep) in self.lb.epp.iter_mut().zip(&self.reps) {
+                        let s = rep.engine.stats();
+                        *v = EppView { waiting: s.waiting, kv_usage: s.kv_usage };
+                    }
+                    let t = self.now + self.spec.signals.epp_refresh_s;
+                    self.at(t, Ev::EppRefresh);
+                }
+                Ev::Tick => self.tick(),
+                Ev::Speed(r, s) => self.reps[r as usize].engine.set_speed(s),
+            }
+        }
+        // Whatever is still in flight at the backstop never finished: count it as rejected.
+        self.rejected += self.reqs.iter().filter(|q| q.live && q.measured).count() as u64;
+    }
+
+    fn arrival(&mut self) {
+        let spec = self.spec;
+        let (prompt, output) = self.lengths.sample(&mut self.length_rng);
+        let r = self.lb.pick();
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.reqs.push(Req::default());
+                (self.reqs.len() - 1) as u32
+            }
+        };
+        self.serial += 1;
+        let measured = self.in_window(self.now);
+        self.reqs[id as usize] = Req {
+            serial: self.serial,
+            arrival: self.now,
+            last_token: self.now,
+            replica: r as u32,
+            measured,
+            scheduled: false,
+            live: true,
+        };
+        if measured {
+            self.dispatched[r] += 1;
+        }
+        self.in_flight += 1;
+        match self.reps[r].engine.add_request(EngineRequest::new(u64::from(id), prompt, output)) {
+            Ok(()) => {
+                self.timeouts.push_back((self.now + spec.timeout_s, id, self.serial));
+                self.start_step(r);
+            }
+            Err(_) => {
+                // Sizes are drawn within max_model_len, so this does not happen; count it if it does.
+                self.release(id, r, true);
+            }
+        }
+        if let Some(t) = self.arrivals.next(&mut self.arrival_rng) {
+            if t < spec.scenario.duration_s {
+                self.at(t, Ev::Arrival);
+            }
+        }
+    }
+
+    /// Start replica `r`'s next step if it is idle and has work.
+    fn start_step(&mut self, r: usize) {
+        let rep = &mut self.reps[r];
+        if rep.busy || !rep.engine.has_work() {
+            return;
+        }
+        rep.pending.clear();
+        let info = rep.engine.step_into(&mut rep.pending);
+        if info.duration_s <= 0.0 {
+            return;
+        }
+        // Queue time ends when the step starts: from now on the client is being served.
+        for ev in &rep.pending {
+            if let EngineEvent::Scheduled { id } = *ev {
+                self.reqs[id as usize].scheduled = true;
+            }
+        }
+        rep.busy = true;
+        let t = self.now + info.duration_s;
+        self.at(t, Ev::StepEnd(r as u32));
+    }
+
+    fn step_end(&mut self, r: usize) {
+        let now = self.now;
+        let in_window = self.in_window(now);
+        let mut pending = std::mem::take(&mut self.reps[r].pending);
+        for ev in pending.drain(..) {
+            match ev {
+                EngineEvent::Scheduled { .. } | EngineEvent::Preempted { .. } => {}
+                EngineEvent::FirstToken { id } => {
+                    let q = &mut self.reqs[id as usize];
+                    if q.measured {
+                        self.ttft.push((now - q.arrival) as f32);
+                    }
+                    q.last_token = now;
+                    self.tokens += u64::from(in_window);
+                }
+                EngineEvent::Token { id } => {
+                    let q = &mut self.reqs[id as usize];
+                    if q.measured {
+                        self.itl.add(now - q.last_token);
+                    }
+                    q.last_token = now;
+                    self.tokens += u64::from(in_window);
+                }
+                EngineEvent::Finished { id, .. } => {
+                    let q = self.reqs[id as usize];
+                    if q.measured {
+                        self.e2e.push((now - q.arrival) as f32);
+                        self.completed += 1;
+                    }
+                    self.release(id as u32, r, false);
+                }
+            }
+        }
+        let rep = &mut self.reps[r];
+        rep.pending = pending;
+        rep.busy = false;
+        self.start_step(r);
+    }
+
+    fn release(&mut self, id: u32, r: usize, rejected: bool) {
+        let q = &mut self.reqs[id as usize];
+        if rejected && q.measured {
+            self.rejected += 1;
+            self.ttft.push(self.spec.timeout_s as f32);
+        }
+        q.live = false;
+        self.free.push(id);
+        self.in_flight -= 1;
+        self.lb.finished(r);
+    }
+
+    fn timeout(&mut self, id: u32, serial: u64) {
+        let q = self.reqs[id as usize];
+        if !q.live || q.serial != serial || q.scheduled {
+            return;
+        }
+        let r = q.replica as usize;
+        self.reps[r].engine.abort(u64::from(id));
+        self.release(id, r, true);
+    }
+
+    fn push(&mut self) {
+        let now = self.now;
+        let Some(policy) = self.policy.as_mut() else { return };
+        let snap = Snapshot {
+            members: self
+                .members
+                .iter()
+                .zip(&self.reps)
+                .map(|(m, rep)| {
+                    let sample = rep.sample.map(|(s, at)| Sample {
+                        waiting: f64::from(s.waiting),
+                        running: f64::from(s.running),
+                        kv_usage: Some(s.kv_usage),
+                        latency: None,
+                        age: Duration::from_secs_f64((now - at).max(0.0)),
+                    });
+                    (m.clone(), sample)
+                })
+                .collect(),
+            rejected: vec![],
+        };
+        if self.window_weights.is_none() && now >= self.spec.scenario.duration_s {
+            self.window_weights = Some(self.lb.weights());
+        }
+        let out = policy.compute(&snap, &self.prev);
+        // As the controller does: with no fresh member it holds (fail-static) and pushes nothing.
+        if out.fresh > 0 {
+            let mid = self.spec.ratio_range.clamp(self.spec.ratio_range.mid());
+            let w: Vec<u32> = self.members.iter().map(|m| out.ratios.get(m).unwrap_or(mid)).collect();
+            if w != self.lb.weights() {
+                self.lb.set_weights(&w);
+                self.weight_updates += 1;
+            }
+            if let Some(s) = self.series.as_mut() {
+                s.weight_t.push(now as f32);
+                s.weights.push(w);
+            }
+            self.prev = out.ratios;
+        }
+        let t = now + self.spec.signals.push_interval_s;
+        self.at(t, Ev::Push);
+    }
+
+    fn tick(&mut self) {
+        let now = self.now;
+        if self.in_window(now) {
+            self.kv_spread.add(self.reps.iter().map(|r| r.engine.stats().kv_usage));
+            self.queue_spread.add(self.reps.iter().map(|r| f64::from(r.engine.stats().waiting)));
+            for rep in &self.reps {
+                self.kv_sum += rep.engine.stats().kv_usage;
+                self.kv_n += 1;
+            }
+        }
+        if let Some(s) = self.series.as_mut() {
+            s.t.push(now as f32);
+            for (i, rep) in self.reps.iter().enumerate() {
+                let st = rep.engine.stats();
+                s.kv[i].push(st.kv_usage as f32);
+                s.waiting[i].push(st.waiting as f32);
+            }
+        }
+        self.at(now + 1.0, Ev::Tick);
+    }
+
+    fn finish(mut self) -> RunOutcome {
+        sort(&mut self.ttft);
+        sort(&mut self.e2e);
+        let window = self.spec.scenario.duration_s - self.spec.scenario.warmup_s;
+        let total: u64 = self.dispatched.iter().sum();
+        let result = BalancerResult {
+            balancer: self.spec.balancer.name().to_string(),
+            ttft_p50_s: percentile(&self.ttft, 0.50),
+            ttft_p90_s: percentile(&self.ttft, 0.90),
+            ttft_p99_s: percentile(&self.ttft, 0.99),
+            itl_p50_s: self.itl.quantile(0.50),
+            itl_p99_s: self.itl.quantile(0.99),
+            e2e_p99_s: percentile(&self.e2e, 0.99),
+            throughput_tok_s: self.tokens as f64 / window,
+            completed: self.completed,
+            rejected: self.rejected,
+            kv_spread: self.kv_spread.mean(),
+            queue_spread: self.queue_spread.mean(),
+            mean_kv_usage: if self.kv_n == 0 { 0.0 } else { self.kv_sum / self.kv_n as f64 },
+            preemptions: self.reps.iter().map(|r| r.engine.stats().num_preemptions).sum(),
+            weight_updates: self.weight_updates,
+            final_weights: if self.spec.balancer.uses_ratios() {
+                self.window_weights.clone().unwrap_or_else(|| self.lb.weights())
+            } else {
+                vec![]
+            },
+            share: self
+                .dispatched
+                .iter()
+                .map(|&d| if total == 0 { 0.0 } else { d as f64 / total as f64 })
+                .collect(),
+        };
+        RunOutcome { result, ttft_sorted: self.ttft, series: self.series, events: self.events, wall_s: 0.0 }
+    }
+}

@@ -1,0 +1,281 @@
+//! `bench --controller-scale`: what one control cycle costs at 10,000 members in 1,000 pools.
+//!
+//! Measured: the CPU work the controller does per cycle, with the code it runs, minus the network:
+//! 1. samples -> snapshot: [`crate::source::assemble`] from per-signal values (what both sources do
+//!    after parsing), including building those value maps;
+//! 2. policy: [`PoolPolicy::compute`] (feedback, the default);
+//! 3. pushes: the unchanged check against the last push, then the sink's plan. Pools alternate
+//!    between HAProxy ([`llm_lc_adapters::haproxy::plan::plan`] against the backend's server state)
+//!    and Envoy ([`llm_lc_adapters::envoy::assignment::build`]: the ClusterLoadAssignment and its
+//!    content hash).
+//!
+//! The members' loads follow a seeded random walk so ratios keep changing (a worst case for the
+//! push stage). Memory is the process's resident set from `/proc/self/status` (Linux), before the
+//! pools exist, after setup and after the cycles, plus the peak.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use llm_lc_adapters::envoy::assignment::{self, Resolved};
+use llm_lc_adapters::haproxy::plan::{self as haproxy_plan, MatchBy};
+use llm_lc_adapters::haproxy::state::ServerState;
+use llm_lc_adapters::haproxy::weights::WeightMap;
+use llm_lc_adapters::{MemberId, Ratios};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use crate::config::RatioRange;
+use crate::policy::{PolicyConfig, PoolPolicy};
+use crate::source::profile::Signal;
+use crate::source::{assemble, SignalValues};
+
+/// Milliseconds per cycle of one stage: median, p99 (of the measured cycles) and max.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timing {
+    pub median_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleReport {
+    pub pools: usize,
+    pub members_per_pool: usize,
+    pub members: usize,
+    pub cycles: usize,
+    pub policy: String,
+    pub cycle: Timing,
+    pub snapshot: Timing,
+    pub policy_compute: Timing,
+    pub pushes: Timing,
+    /// Members whose ratio changed, per cycle, on average.
+    pub changed_members_per_cycle: f64,
+    pub setup_ms: f64,
+    /// Resident memory, MiB (`None` where /proc is not available).
+    pub rss_start_mib: Option<f64>,
+    pub rss_after_setup_mib: Option<f64>,
+    pub rss_end_mib: Option<f64>,
+    pub rss_peak_mib: Option<f64>,
+}
+
+fn proc_status_kib(field: &str) -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse::<f64>().ok()
+}
+
+fn mib(kib: Option<f64>) -> Option<f64> {
+    kib.map(|k| k / 1024.0)
+}
+
+enum Sink {
+    Haproxy { servers: Vec<ServerState> },
+    Envoy { resolved: Vec<Resolved> },
+}
+
+struct Pool {
+    members: Vec<MemberId>,
+    policy: PoolPolicy,
+    last: Ratios,
+    pushed: Option<Ratios>,
+    load: Vec<f64>,
+    sink: Sink,
+}
+
+fn timing(mut v: Vec<f64>) -> Timing {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+    Timing { median_ms: at(0.5), p99_ms: at(0.99), max_ms: v[v.len() - 1] }
+}
+
+/// Build `pools` pools of `members` members and time `cycles` control cycles over all of them.
+pub fn measure(pools: usize, members: usize, cycles: usize, seed: u64) -> anyhow::Result<ScaleReport> {
+    if pools == 0 || members == 0 || cycles == 0 {
+        bail!("--pools, --members and --cycles must all be at least 1");
+    }
+    if pools * members > 16_000_000 {
+        bail!("at most 16 million members (addresses are 10.x.y.z)");
+    }
+    let rss_start = proc_status_kib("VmRSS:");
+    let setup = Instant::now();
+    let cfg = PolicyConfig::default();
+    let range = RatioRange::default();
+    let wmap = WeightMap { ratio_max: None, max_weight: 256, allow_drain: false };
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut all: Vec<Pool> = (0..pools)
+        .map(|p| {
+            let ips: Vec<Ipv4Addr> = (0..members)
+                .map(|m| {
+                    let k = (p * members + m) as u32;
+                    Ipv4Addr::new(10, (k >> 16) as u8, (k >> 8) as u8, k as u8)
+                })
+                .collect();
+            let ids: Vec<MemberId> = ips.iter().map(|ip| MemberId(format!("{ip}:8000"))).collect();
+            let sink = if p % 2 == 0 {
+                Sink::Haproxy {
+                    servers: ips
+                        .iter()
+                        .enumerate()
+                        .map(|(i, ip)| ServerState {
+                            name: format!("vllm-{i}"),
+                            addr: ip.to_string(),
+                            port: 8000,
+                            fqdn: None,
+                            weight: 1,
+                            initial_weight: 1,
+                        })
+                        .collect(),
+                }
+            } else {
+                Sink::Envoy {
+                    resolved: ids
+                        .iter()
+                        .zip(&ips)
+                        .map(|(m, ip)| Resolved {
+                            member: m.clone(),
+                            addr: SocketAddr::new(IpAddr::V4(*ip), 8000),
+                            hostname: None,
+                        })
+                        .collect(),
+                }
+            };
+            Pool {
+                policy: PoolPolicy::new(
+                    &cfg,
+                    range,
+                    Duration::from_secs(60),
+                    Duration::from_secs(30),
+                    Duration::from_secs(5),
+                ),
+                last: Ratios::default(),
+                pushed: None,
+                load: (0..members).map(|_| rng.gen_range(0.1..0.9)).collect(),
+                members: ids,
+                sink,
+            }
+        })
+        .collect();
+    let setup_ms = setup.elapsed().as_secs_f64() * 1e3;
+    let rss_setup = proc_status_kib("VmRSS:");
+
+    let (mut t_cycle, mut t_snap, mut t_policy, mut t_push) = (vec![], vec![], vec![], vec![]);
+    let mut changed_total = 0usize;
+    for _ in 0..cycles {
+        // The world moves (not timed).
+        let worlds: Vec<Vec<(f64, f64, f64)>> = all
+            .iter_mut()
+            .map(|pool| {
+                pool.load
+                    .iter_mut()
+                    .map(|l| {
+                        *l = (*l + rng.gen_range(-0.1..0.1)).clamp(0.0, 1.5);
+                        let kv = l.min(1.0);
+                        (((*l - 1.0).max(0.0) * 16.0).round(), (kv * 128.0).round(), kv)
+                    })
+                    .collect()
+            })
+            .collect();
+        let (mut s, mut p, mut u) = (0.0, 0.0, 0.0);
+        let cycle_start = Instant::now();
+        for (pool, world) in all.iter_mut().zip(&worlds) {
+            let t0 = Instant::now();
+            let mut values: SignalValues = BTreeMap::new();
+            for (m, &(waiting, running, kv)) in pool.members.iter().zip(world) {
+                values.entry(Signal::Waiting).or_default().insert(m.clone(), waiting);
+                values.entry(Signal::Running).or_default().insert(m.clone(), running);
+                values.entry(Signal::KvUsage).or_default().insert(m.clone(), kv);
+            }
+            let snap = assemble(&pool.members, &values, |_, _| Duration::from_secs(2));
+            let t1 = Instant::now();
+            let out = pool.policy.compute(&snap, &pool.last);
+            let t2 = Instant::now();
+            let unchanged = pool.pushed.as_ref() == Some(&out.ratios);
+            if !unchanged {
+                changed_total += out
+                    .ratios
+                    .iter()
+                    .filter(|(m, r)| pool.pushed.as_ref().and_then(|x| x.get(m)) != Some(*r))
+                    .count();
+                match &mut pool.sink {
+                    Sink::Haproxy { servers } => {
+                        let plan = haproxy_plan::plan(servers, &out.ratios, &wmap, MatchBy::Address, "be")
+                            .map_err(anyhow::Error::msg)?;
+                        for push in &plan.pushes {
+                            if let Some(s) = servers.iter_mut().find(|s| s.name == push.server) {
+                                s.weight = push.to;
+                            }
+                        }
+                    }
+                    Sink::Envoy { resolved } => {
+                        let members: Vec<(Resolved, u32)> = resolved
+                            .iter()
+                            .map(|r| (r.clone(), out.ratios.get(&r.member).unwrap_or(1)))
+                            .collect();
+                        let (a, _warnings) =
+                            assignment::build("cluster", &members).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                        std::hint::black_box(a);
+                    }
+                }
+                pool.pushed = Some(out.ratios.clone());
+            }
+            pool.last = out.ratios;
+            let t3 = Instant::now();
+            s += (t1 - t0).as_secs_f64();
+            p += (t2 - t1).as_secs_f64();
+            u += (t3 - t2).as_secs_f64();
+        }
+        t_cycle.push(cycle_start.elapsed().as_secs_f64() * 1e3);
+        t_snap.push(s * 1e3);
+        t_policy.push(p * 1e3);
+        t_push.push(u * 1e3);
+    }
+    Ok(ScaleReport {
+        pools,
+        members_per_pool: members,
+        members: pools * members,
+        cycles,
+        policy: cfg.name().to_string(),
+        cycle: timing(t_cycle),
+        snapshot: timing(t_snap),
+        policy_compute: timing(t_policy),
+        pushes: timing(t_push),
+        changed_members_per_cycle: changed_total as f64 / cycles as f64,
+        setup_ms,
+        rss_start_mib: mib(rss_start),
+        rss_after_setup_mib: mib(rss_setup),
+        rss_end_mib: mib(proc_status_kib("VmRSS:")),
+        rss_peak_mib: mib(proc_status_kib("VmHWM:")),
+    })
+}
+
+/// Human summary.
+pub fn render(r: &ScaleReport) -> String {
+    let mut out = String::new();
+    let t =
+        |x: &Timing| format!("median {:.2} ms, p99 {:.2} ms, max {:.2} ms", x.median_ms, x.p99_ms, x.max_ms);
+    let m = |x: Option<f64>| x.map(|v| format!("{v:.1} MiB")).unwrap_or_else(|| "n/a".into());
+    let _ = writeln!(
+        out,
+        "controller cost: {} members in {} pools of {}, {} policy, {} cycles (CPU only, no network)",
+        r.members, r.pools, r.members_per_pool, r.policy, r.cycles
+    );
+    let _ = writeln!(out, "  whole cycle:        {}", t(&r.cycle));
+    let _ = writeln!(out, "  samples->snapshot:  {}", t(&r.snapshot));
+    let _ = writeln!(out, "  policy:             {}", t(&r.policy_compute));
+    let _ = writeln!(out, "  pushes (plans):     {}", t(&r.pushes));
+    let _ = writeln!(out, "  members changed per cycle: {:.0}", r.changed_members_per_cycle);
+    let _ = writeln!(
+        out,
+        "  memory (RSS): {} at start, {} after setup ({:.0} ms), {} at end, peak {}",
+        m(r.rss_start_mib),
+        m(r.rss_after_setup_mib),
+        r.setup_ms,
+        m(r.rss_end_mib),
+        m(r.rss_peak_mib)
+    );
+    out
+}

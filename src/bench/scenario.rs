@@ -1,0 +1,133 @@
+//! The named scenarios: which fleet, which traffic, what goes wrong and when.
+//!
+//! Times are in seconds of virtual time. Every scenario has a warm-up (excluded from the results:
+//! queues fill and the controller learns from equal ratios) and then a measured window; events such
+//! as the spike or the degradation happen inside the measured window.
+//!
+//! | name | fleet | traffic |
+//! |---|---|---|
+//! | `homogeneous` | 6 equal replicas | steady Poisson, ShareGPT-like |
+//! | `heterogeneous` | 6 replicas, 2 at half speed (an older GPU generation) | steady |
+//! | `degraded` | 6 equal; replica 0 slows to a third at the middle of the measured window | steady |
+//! | `spike` | 6 equal | load doubles for 60 s in the middle of the measured window |
+//! | `long-context` | 6 equal | a quarter of requests carry 1.5k-7k token prompts |
+//! | `ramp` | heterogeneous fleet | load rises from 30% to 100% of `--load` over the first half |
+//! | `large` | 24 replicas, a third at half speed | steady, one hour by default |
+
+use serde::Serialize;
+
+use super::workload::{LengthMix, RateShape};
+
+/// Every scenario name, in the order the sweep runs them.
+pub const NAMES: &[&str] =
+    &["homogeneous", "heterogeneous", "degraded", "spike", "long-context", "ramp", "large"];
+/// The five scenarios of the evidence grid.
+pub const GRID: &[&str] = &["homogeneous", "heterogeneous", "degraded", "spike", "long-context"];
+
+/// One replica's speed changes to `speed` at `at_s`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SpeedChange {
+    pub at_s: f64,
+    pub replica: usize,
+    pub speed: f64,
+}
+
+/// A fully specified scenario (before the load is applied).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Scenario {
+    pub name: String,
+    /// Speed factor per replica at the start (1 = the profile's GPU).
+    pub speeds: Vec<f64>,
+    pub speed_changes: Vec<SpeedChange>,
+    pub mix: LengthMix,
+    pub shape: RateShape,
+    pub duration_s: f64,
+    pub warmup_s: f64,
+}
+
+/// Default measured length of the grid scenarios; with the warm-up a run is 12 virtual minutes.
+pub const DEFAULT_DURATION_S: f64 = 720.0;
+pub const DEFAULT_WARMUP_S: f64 = 120.0;
+
+/// Build scenario `name`. `replicas`, `duration_s` and `warmup_s` override the defaults; event times
+/// scale with the measured window.
+pub fn build(
+    name: &str,
+    replicas: Option<usize>,
+    duration_s: Option<f64>,
+    warmup_s: Option<f64>,
+) -> Result<Scenario, String> {
+    let (default_n, default_duration) = match name {
+        "large" => (24, 3600.0),
+        n if NAMES.contains(&n) => (6, DEFAULT_DURATION_S),
+        other => {
+            return Err(format!("unknown scenario {other:?}; known scenarios: {}", NAMES.join(", ")));
+        }
+    };
+    let n = replicas.unwrap_or(default_n);
+    if n == 0 {
+        return Err("--replicas must be at least 1".into());
+    }
+    let duration_s = duration_s.unwrap_or(default_duration);
+    let warmup_s = warmup_s.unwrap_or(DEFAULT_WARMUP_S);
+    if !(duration_s > warmup_s && warmup_s >= 0.0 && duration_s.is_finite()) {
+        return Err(format!(
+            "--duration ({duration_s} s) must be finite and longer than --warmup ({warmup_s} s)"
+        ));
+    }
+    let measured = duration_s - warmup_s;
+    let mid = warmup_s + measured / 2.0;
+    let equal = vec![1.0; n];
+    // A third of the fleet at half speed, spread out rather than bunched at the end (2 of 6: 1 and 4).
+    let mixed: Vec<f64> = (0..n).map(|i| if i % 3 == 1 { 0.5 } else { 1.0 }).collect();
+    let mut s = Scenario {
+        name: name.to_string(),
+        speeds: equal,
+        speed_changes: vec![],
+        mix: LengthMix::Sharegpt,
+        shape: RateShape::Constant,
+        duration_s,
+        warmup_s,
+    };
+    match name {
+        "homogeneous" => {}
+        "heterogeneous" | "large" => s.speeds = mixed,
+        "degraded" => s.speed_changes = vec![SpeedChange { at_s: mid, replica: 0, speed: 1.0 / 3.0 }],
+        "spike" => {
+            let len = 60.0_f64.min(measured / 4.0);
+            s.shape = RateShape::Spike { start_s: mid, end_s: mid + len, factor: 2.0 };
+        }
+        "long-context" => s.mix = LengthMix::LongContext,
+        "ramp" => {
+            s.speeds = mixed;
+            s.shape = RateShape::Ramp { start_s: warmup_s, end_s: mid, from: 0.3, to: 1.0 };
+        }
+        _ => unreachable!("checked above"),
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_builds_and_unknown_lists_names() {
+        for n in NAMES {
+            let s = build(n, None, None, None).unwrap();
+            assert_eq!(s.name, *n);
+        }
+        let e = build("nope", None, None, None).unwrap_err();
+        assert!(e.contains("heterogeneous"), "{e}");
+        assert!(build("homogeneous", None, Some(10.0), Some(20.0)).is_err());
+    }
+
+    #[test]
+    fn heterogeneous_has_two_half_speed_replicas_of_six() {
+        let s = build("heterogeneous", None, None, None).unwrap();
+        assert_eq!(s.speeds, vec![1.0, 0.5, 1.0, 1.0, 0.5, 1.0]);
+        let l = build("large", None, None, None).unwrap();
+        assert_eq!(l.speeds.len(), 24);
+        assert_eq!(l.speeds.iter().filter(|&&x| x == 0.5).count(), 8);
+    }
+}
