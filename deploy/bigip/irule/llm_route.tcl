@@ -2,8 +2,10 @@
 #
 # UNTESTED ON A REAL BIG-IP. No BIG-IP runs where this project is built and tested; this iRule was
 # written from F5's iRule reference (JSON:: commands of TMOS 21, class, HTTP::collect,
-# HTTP::payload) and has only been checked by reading. The proxy (`llm-load-controller proxy`) runs the
-# same table and is tested; treat this file as a starting point and test it on a lab BIG-IP first.
+# HTTP::payload). What is tested: tests/proxy_irule.rs runs this file under the real Tcl interpreter
+# with a small double of those BIG-IP commands (following F5's documented behaviour) and checks that
+# it reaches the same decision as the proxy on many bodies; that covers the Tcl, the record format
+# and the walk, not BIG-IP itself. Test it on a lab BIG-IP before production.
 #
 # What it does: walks the data group written by
 #     llm-load-controller proxy export-bigip --config config/proxy.yaml > llm_routes.conf
@@ -42,16 +44,17 @@ proc llm_respond { status code message } {
     HTTP::respond $status content $body "Content-Type" "application/json"
 }
 
-# Parse a record `k=v&k=v` into a dict (values stay percent-encoded).
+# Parse a record `k=v&k=v` into a flat key/value list for `array set` (iRules' Tcl has no `dict`);
+# values stay percent-encoded.
 proc llm_fields { rec } {
-    set f [dict create]
+    set out [list]
     foreach kv [split $rec "&"] {
         set i [string first "=" $kv]
         if { $i > 0 } {
-            dict set f [string range $kv 0 [expr {$i - 1}]] [string range $kv [expr {$i + 1}] end]
+            lappend out [string range $kv 0 [expr {$i - 1}]] [string range $kv [expr {$i + 1}] end]
         }
     }
-    return $f
+    return $out
 }
 
 # Follow a dot path from the root: returns {present value}.
@@ -165,33 +168,38 @@ when HTTP_REQUEST_DATA {
             call llm_respond 500 "route_table" "routing table has no step $step"
             return
         }
-        set f [call llm_fields $rec]
-        if { [dict get $f src] eq "header" } {
-            set hn [URI::decode [dict get $f name]]
+        if { [info exists f] } { unset f }
+        array set f [call llm_fields $rec]
+        if { ![info exists f(src)] || ![info exists f(op)] || ![info exists f(match)] || ![info exists f(miss)] } {
+            call llm_respond 500 "route_table" "routing table record $step is incomplete"
+            return
+        }
+        if { $f(src) eq "header" } {
+            set hn [URI::decode $f(name)]
             if { [HTTP::header exists $hn] } {
                 set el [list 1 [HTTP::header value $hn]]
             } else {
                 set el [list 0 ""]
             }
         } else {
-            set el [call llm_lookup $root [URI::decode [dict get $f path]]]
+            set el [call llm_lookup $root [URI::decode $f(path)]]
         }
         set raw ""
-        if { [dict exists $f value] } { set raw [dict get $f value] }
+        if { [info exists f(value)] } { set raw $f(value) }
         # A missing element takes the miss branch, whatever the comparison (as in the proxy).
         set matched 0
-        if { [lindex $el 0] } { set matched [call llm_test [lindex $el 1] [dict get $f op] $raw] }
+        if { [lindex $el 0] } { set matched [call llm_test [lindex $el 1] $f(op) $raw] }
         if { $matched } { set branch "match" } else { set branch "miss" }
         if { $route ne "" } { append route "," }
         append route "$step:$branch"
-        set target [dict get $f $branch]
+        set target $f($branch)
         switch -glob -- $target {
             "step:*" {
                 set step [URI::decode [string range $target 5 end]]
             }
             "pool:*" {
-                if { [dict exists $f "${branch}_split"] } {
-                    set model [call llm_split [dict get $f "${branch}_split"]]
+                if { [info exists f(${branch}_split)] } {
+                    set model [call llm_split $f(${branch}_split)]
                     set payload [HTTP::payload]
                     if { [regsub {"model"\s*:\s*"(?:[^"\\]|\\.)*"} $payload "\"model\":\"$model\"" newpayload] } {
                         HTTP::payload replace 0 [HTTP::payload length] $newpayload
