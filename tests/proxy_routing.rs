@@ -201,3 +201,52 @@ fn check_refuses_a_bad_table_naming_file_and_step() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("config OK"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_from_the_command_line_and_stops_on_sigterm() {
+    use tokio::io::AsyncBufReadExt;
+    let f = fleet(ModelProfile::tiny(), 1, &[], &[], 50.0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p.yaml");
+    std::fs::write(
+        &p,
+        format!(
+            "# proxy config\nlisten: 127.0.0.1:0\nadmin: {{ listen: 127.0.0.1:0 }}\npools:\n  - name: a\n    members: {}\nroutes:\n  steps:\n    - id: s\n      field: model\n      op: exists\n      match: {{ pool: a }}\n      miss: {{ reject: 400 }}\n",
+            members_yaml(&f.addrs())
+        ),
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["proxy", "--config"])
+        .arg(&p)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("startup line")
+        .unwrap()
+        .unwrap();
+    let addr = line
+        .strip_prefix("proxy: listening on http://")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected startup line {line:?}"));
+    let r = chat(
+        &client(),
+        addr.parse().unwrap(),
+        &json!({"model": "sim-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let pid = child.id().unwrap().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
