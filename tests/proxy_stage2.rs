@@ -74,7 +74,14 @@ async fn webhook_ratios_split_1000_requests_within_a_few_percent() {
     ))
     .await;
 
-    // Before any ratios: equal weights, an even split.
+    // Before any ratios: equal weights (nothing to read back), an even split.
+    let r = client()
+        .get(format!("http://{}/admin/ratios/llm", proxy.admin_addr()))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
     assert!(proxy.pools()[0].members.iter().all(|v| v.weight == 1));
     assert_eq!(proxy.pools()[0].weights_from, WeightSource::Equal);
     let even = split(proxy.addr(), 300, 4).await;
@@ -96,6 +103,18 @@ async fn webhook_ratios_split_1000_requests_within_a_few_percent() {
     let view = &proxy.pools()[0];
     assert_eq!(view.weights_from, WeightSource::Webhook);
     assert_eq!(view.members.iter().map(|v| v.weight).collect::<Vec<_>>(), vec![60, 30, 10]);
+
+    // What the proxy holds can be read back in the webhook's own shape (for drift repair).
+    let back: llm_lc_adapters::webhook::WebhookPayload = client()
+        .get(format!("http://{}/admin/ratios/llm", proxy.admin_addr()))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(back.ratios, ratios);
 
     let counts = split(proxy.addr(), 1000, 8).await;
     eprintln!("weighted-round-robin: {counts:?}");

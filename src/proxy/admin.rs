@@ -4,6 +4,9 @@
 //! - `POST /admin/ratios`: the controller's `webhook` sink posts `{"pool": "NAME", "ratios":
 //!   {"10.0.0.1:8000": 57, ...}}` (`llm_lc_adapters::webhook::WebhookPayload`). 200 with what was
 //!   applied; 404 for an unknown pool; 400 for a bad body; 401 without the configured bearer token.
+//! - `GET /admin/ratios/{pool}`: the pool's weights in force, in the same `WebhookPayload` shape, so
+//!   a sink can read back what the proxy holds and repair drift (a restarted proxy starts equal);
+//!   204 while no ratios have arrived since the start.
 //! - `GET /admin/state`: every pool's weights, in-flight counts, queue and saturation.
 //! - `GET /healthz`.
 //!
@@ -14,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -39,6 +42,7 @@ struct AdminState {
 pub fn router(shared: Arc<Shared>, token: Option<SecretRef>) -> Router {
     Router::new()
         .route("/admin/ratios", post(post_ratios))
+        .route("/admin/ratios/{pool}", get(get_ratios))
         .route("/admin/state", get(state))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(AdminState { shared, token })
@@ -113,6 +117,21 @@ async fn post_ratios(State(st): State<AdminState>, headers: HeaderMap, body: Byt
             err(StatusCode::NOT_FOUND, format!("no pool {:?}; pools are: {}", payload.pool, known.join(", ")))
         }
     }
+}
+
+async fn get_ratios(State(st): State<AdminState>, Path(pool): Path<String>, headers: HeaderMap) -> Response {
+    if let Err((status, msg)) = authorized(&st, &headers) {
+        return err(status, msg);
+    }
+    let Some(p) = st.shared.pool(&pool) else {
+        return err(StatusCode::NOT_FOUND, format!("no pool {pool:?}"));
+    };
+    let v = p.view();
+    if v.weights_from == WeightSource::Equal {
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    let ratios: Ratios = v.members.into_iter().map(|m| (m.member, m.weight)).collect();
+    Json(WebhookPayload { pool, ratios }).into_response()
 }
 
 async fn state(State(st): State<AdminState>, headers: HeaderMap) -> Response {
