@@ -57,6 +57,37 @@ pub struct BenchArgs {
     /// Policy parameter override, KEY=VALUE, repeatable (e.g. --policy-param gain=0.3).
     #[arg(long = "policy-param", value_name = "KEY=VALUE")]
     pub policy_params: Vec<String>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// text (table), json, or markdown.
+    #[arg(long, default_value = "text")]
+    pub output: String,
+    /// Write SVG pictures to this directory.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Run every grid scenario (or --scenarios) at every --loads and print one table.
+    #[arg(long)]
+    pub sweep: bool,
+    /// Scenarios of the sweep, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub scenarios: Vec<String>,
+    /// Loads of the sweep, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0.7,0.85,0.95")]
+    pub loads: Vec<f64>,
+    /// Runs in parallel (threads). Results do not depend on it.
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+    /// Measure the controller's cost per cycle and memory at scale instead.
+    #[arg(long)]
+    pub controller_scale: bool,
+    #[command(flatten)]
+    pub knobs: Box<Knobs>,
+}
+
+/// The finer settings of `bench` (boxed: they make the argument struct large).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Simulation")]
+pub struct Knobs {
     /// Smallest ratio the controller gives.
     #[arg(long, default_value_t = 1)]
     pub ratio_min: u32,
@@ -81,7 +112,7 @@ pub struct BenchArgs {
     /// Length of the run in virtual time, warm-up included (default 12m; `large`: 1h).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
-    /// Warm-up excluded from the results.
+    /// Warm-up excluded from the results (default 2m).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub warmup: Option<Duration>,
     /// Number of replicas (the scenario's speed pattern is kept).
@@ -90,29 +121,6 @@ pub struct BenchArgs {
     /// Model/GPU profile of the engines: llama-8b-h100 or tiny.
     #[arg(long, default_value = "llama-8b-h100")]
     pub profile: String,
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// text (table), json, or markdown.
-    #[arg(long, default_value = "text")]
-    pub output: String,
-    /// Write SVG pictures to this directory.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
-    /// Run every grid scenario (or --scenarios) at every --loads and print one table.
-    #[arg(long)]
-    pub sweep: bool,
-    /// Scenarios of the sweep, comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    pub scenarios: Vec<String>,
-    /// Loads of the sweep, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "0.7,0.85,0.95")]
-    pub loads: Vec<f64>,
-    /// Runs in parallel (threads). Results do not depend on it.
-    #[arg(long, default_value_t = 1)]
-    pub jobs: usize,
-    /// Measure the controller's cost per cycle and memory at scale instead.
-    #[arg(long)]
-    pub controller_scale: bool,
     /// Pools for --controller-scale.
     #[arg(long, default_value_t = 1000)]
     pub pools: usize,
@@ -174,10 +182,11 @@ pub struct Settings {
 
 impl Settings {
     /// Check and convert command-line arguments.
-    pub fn from_args(a: &BenchArgs) -> anyhow::Result<Settings> {
+    pub fn from_args(args: &BenchArgs) -> anyhow::Result<Settings> {
+        let a = &args.knobs;
         let profile = ModelProfile::by_name(&a.profile)?;
-        let balancers = parse_balancers(&a.balancers)?;
-        let policy = parse_policy(&a.policy, &a.policy_params)?;
+        let balancers = parse_balancers(&args.balancers)?;
+        let policy = parse_policy(&args.policy, &args.policy_params)?;
         if a.ratio_min > a.ratio_max || a.ratio_max == 0 {
             bail!(
                 "--ratio-min ({}) must be <= --ratio-max ({}), and --ratio-max >= 1",
@@ -211,17 +220,17 @@ impl Settings {
             profile,
             balancers,
             policy,
-            policy_name: a.policy.clone(),
-            policy_params: a.policy_params.clone(),
+            policy_name: args.policy.clone(),
+            policy_params: args.policy_params.clone(),
             ratio_range: RatioRange { min: a.ratio_min, max: a.ratio_max },
             signals,
             timeout_s: a.timeout.as_secs_f64(),
             duration_s: a.duration.map(|d| d.as_secs_f64()),
             warmup_s: a.warmup.map(|d| d.as_secs_f64()),
             replicas: a.replicas,
-            seed: a.seed,
-            jobs: a.jobs.max(1),
-            record_series: a.plot.is_some(),
+            seed: args.seed,
+            jobs: args.jobs.max(1),
+            record_series: args.plot.is_some(),
         })
     }
 }
@@ -349,7 +358,7 @@ fn run_all(specs: &[RunSpec], jobs: usize) -> anyhow::Result<Vec<RunOutcome>> {
 /// `llm-load-controller bench`.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.controller_scale {
-        let r = scale::measure(args.pools, args.members, args.cycles, args.seed)?;
+        let r = scale::measure(args.knobs.pools, args.knobs.members, args.knobs.cycles, args.seed)?;
         match args.output.as_str() {
             "json" => println!("{}", serde_json::to_string_pretty(&r)?),
             _ => print!("{}", scale::render(&r)),

@@ -1,0 +1,172 @@
+//! The virtual-time benchmark end to end: determinism, the JSON contract, and sanity of the numbers.
+//! Runs are short (a few virtual minutes) so the tests stay fast in debug builds.
+
+use std::process::Command;
+
+use clap::Parser;
+use llm_load_controller::bench::{self, BenchArgs, ScenarioReport, Settings};
+
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    bench: BenchArgs,
+}
+
+/// Arguments as the command line would give them, for short runs.
+fn args(scenario: &str, load: f64, balancers: &[&str]) -> BenchArgs {
+    let load = load.to_string();
+    let balancers = balancers.join(",");
+    let argv = [
+        "bench",
+        "--scenario",
+        scenario,
+        "--load",
+        &load,
+        "--balancers",
+        &balancers,
+        "--duration",
+        "150s",
+        "--warmup",
+        "60s",
+        "--seed",
+        "7",
+        "--jobs",
+        "2",
+    ];
+    Cli::try_parse_from(argv).expect("valid arguments").bench
+}
+
+fn report(a: &BenchArgs) -> ScenarioReport {
+    let settings = Settings::from_args(a).expect("valid arguments");
+    bench::run_scenario(&a.scenario, a.load, &settings).expect("run").report
+}
+
+fn result<'a>(r: &'a ScenarioReport, balancer: &str) -> &'a bench::fleet::BalancerResult {
+    r.results.iter().find(|b| b.balancer == balancer).expect("balancer in report")
+}
+
+#[test]
+fn same_seed_gives_identical_json_and_another_seed_does_not() {
+    let mut a = args("spike", 0.85, &["random", "ratio-least-request", "epp"]);
+    a.knobs.profile = "tiny".into();
+    let one = serde_json::to_string(&report(&a)).expect("json");
+    let two = serde_json::to_string(&report(&a)).expect("json");
+    assert_eq!(one, two);
+    a.seed = 8;
+    let other = serde_json::to_string(&report(&a)).expect("json");
+    assert_ne!(one, other);
+}
+
+#[test]
+fn json_carries_the_documented_fields() {
+    let mut a = args("heterogeneous", 0.7, &["round-robin", "ratio"]);
+    a.knobs.profile = "tiny".into();
+    let v = serde_json::to_value(report(&a)).expect("json");
+    assert_eq!(v["scenario"], "heterogeneous");
+    assert_eq!(v["load"], 0.7);
+    let results = v["results"].as_array().expect("results array");
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[0]["balancer"], "round-robin");
+    assert_eq!(results[1]["balancer"], "ratio");
+    for r in results {
+        for key in [
+            "ttft_p50_s",
+            "ttft_p90_s",
+            "ttft_p99_s",
+            "itl_p50_s",
+            "itl_p99_s",
+            "e2e_p99_s",
+            "throughput_tok_s",
+            "kv_spread",
+            "queue_spread",
+        ] {
+            let x = r[key].as_f64().unwrap_or_else(|| panic!("{key} is a number in {r}"));
+            assert!(x >= 0.0, "{key} = {x}");
+        }
+        assert!(r["completed"].as_u64().expect("completed") > 0);
+        assert!(r["rejected"].as_u64().is_some());
+    }
+    // The ratio balancer reports the weights the controller gave, one per replica.
+    assert_eq!(results[1]["final_weights"].as_array().expect("weights").len(), 6);
+}
+
+#[test]
+fn half_load_on_equal_replicas_rejects_nobody() {
+    let r = report(&args("homogeneous", 0.5, &["round-robin", "ratio", "ratio-least-request", "epp"]));
+    for b in &r.results {
+        assert_eq!(b.rejected, 0, "{}", b.balancer);
+        assert!(b.completed > 1000, "{}: {}", b.balancer, b.completed);
+        // Far from saturation, first tokens come within a fraction of a second.
+        assert!(b.ttft_p99_s < 1.0, "{}: {}", b.balancer, b.ttft_p99_s);
+    }
+}
+
+#[test]
+fn round_robin_on_mixed_speeds_spreads_kv_more_than_ratio_least_request() {
+    let r = report(&args("heterogeneous", 0.85, &["round-robin", "ratio-least-request"]));
+    let rr = result(&r, "round-robin");
+    let rlr = result(&r, "ratio-least-request");
+    assert!(
+        rr.kv_spread > 1.5 * rlr.kv_spread,
+        "round-robin {} vs ratio-least-request {}",
+        rr.kv_spread,
+        rlr.kv_spread
+    );
+    // Equal shares overload the half-speed replicas: their queues grow and their clients give up.
+    assert!(rr.ttft_p99_s > 10.0 * rlr.ttft_p99_s, "{} vs {}", rr.ttft_p99_s, rlr.ttft_p99_s);
+    // Round robin hands every replica a sixth of the requests whatever its speed.
+    for s in &rr.share {
+        assert!((s - 1.0 / 6.0).abs() < 0.01, "{:?}", rr.share);
+    }
+}
+
+#[test]
+fn cli_prints_json_and_refuses_unknown_names() {
+    let exe = env!("CARGO_BIN_EXE_llm-load-controller");
+    let out = Command::new(exe)
+        .args([
+            "bench",
+            "--scenario",
+            "homogeneous",
+            "--profile",
+            "tiny",
+            "--duration",
+            "90s",
+            "--warmup",
+            "30s",
+            "--balancers",
+            "least-request,epp",
+            "--output",
+            "json",
+        ])
+        .output()
+        .expect("run the binary");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(v["scenario"], "homogeneous");
+    assert_eq!(v["results"][1]["balancer"], "epp");
+
+    let bad = Command::new(exe).args(["bench", "--balancers", "leastconn"]).output().expect("run");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("unknown balancer") && err.contains("ratio-least-request"), "{err}");
+
+    let bad = Command::new(exe).args(["bench", "--policy-param", "gain=9"]).output().expect("run");
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("gain"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
+
+#[test]
+fn controller_scale_reports_time_and_memory() {
+    let r = bench::scale::measure(50, 10, 3, 1).expect("measure");
+    assert_eq!(r.members, 500);
+    assert!(r.cycle.median_ms > 0.0 && r.cycle.median_ms < 5_000.0, "{:?}", r.cycle);
+    assert!(r.changed_members_per_cycle > 0.0);
+    if cfg!(target_os = "linux") {
+        assert!(r.rss_peak_mib.expect("VmHWM on Linux") > 0.0);
+    }
+}
