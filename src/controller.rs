@@ -144,7 +144,14 @@ impl Controller {
 
         // 1. Membership, for pools that discover it.
         let sources = &self.sources;
-        join_all(self.pools.iter_mut().map(|p| p.refresh_members(sources, &self.telemetry))).await;
+        // Futures are built in loops, not closures: a closure returning a borrowing future makes the
+        // cycle's future !Send (rustc #64552), and the demo spawns the controller.
+        let telemetry = &self.telemetry;
+        let mut refreshes = Vec::with_capacity(self.pools.len());
+        for p in self.pools.iter_mut() {
+            refreshes.push(p.refresh_members(sources, telemetry));
+        }
+        join_all(refreshes).await;
 
         // 2. Samples: each source once, for all of its pools.
         let mut snapshots: Vec<Option<Result<Snapshot, SourceError>>> =
@@ -154,25 +161,12 @@ impl Controller {
             by_source.entry(p.cfg.source.as_str()).or_default().push(i);
         }
         let deadline = self.interval;
-        let sampled = join_all(by_source.iter().map(|(name, idxs)| {
+        let mut sampling = Vec::with_capacity(by_source.len());
+        for (name, idxs) in &by_source {
             let queries: Vec<&PoolQuery> = idxs.iter().map(|&i| &self.pools[i].query).collect();
-            let source = &self.sources[*name];
-            async move {
-                match tokio::time::timeout(deadline, source.sample(&queries)).await {
-                    Ok(r) => r,
-                    Err(_) => queries
-                        .iter()
-                        .map(|_| {
-                            Err(SourceError::Unreachable {
-                                what: format!("source {name:?}"),
-                                detail: format!("no answer within the cycle interval ({deadline:?})"),
-                            })
-                        })
-                        .collect(),
-                }
-            }
-        }))
-        .await;
+            sampling.push(sample_within(name, &self.sources[*name], queries, deadline));
+        }
+        let sampled = join_all(sampling).await;
         for ((name, idxs), results) in by_source.iter().zip(sampled) {
             let mut counted = false;
             for (&i, r) in idxs.iter().zip(results) {
@@ -190,12 +184,12 @@ impl Controller {
         }
 
         // 3. Policy and push, every pool concurrently, each within one interval.
-        let telemetry = &self.telemetry;
-        let reports = join_all(self.pools.iter_mut().zip(snapshots).map(|(p, snap)| async move {
+        let mut cycles = Vec::with_capacity(self.pools.len());
+        for (p, snap) in self.pools.iter_mut().zip(snapshots) {
             let snap = snap.unwrap_or_else(|| Err(SourceError::Config("pool has no source".into())));
-            p.cycle(snap, telemetry, deadline).await
-        }))
-        .await;
+            cycles.push(p.cycle(snap, telemetry, deadline));
+        }
+        let reports = join_all(cycles).await;
 
         let good_pools = reports.iter().filter(|r| r.state == "ok").count();
         let all_good = good_pools == reports.len();
@@ -492,6 +486,28 @@ impl PoolRuntime {
             tracing::warn!(pool = %self.cfg.name, sink = self.sink.kind(), error = %e, retry_in_s = wait.as_secs_f64(), attempt = self.failures, "push failed again");
         }
         "error"
+    }
+}
+
+/// Sample one source for its pools, giving up after `deadline` (a named function rather than an
+/// async closure, so the cycle's future stays `Send` for `tokio::spawn`).
+async fn sample_within(
+    name: &str,
+    source: &Source,
+    queries: Vec<&PoolQuery>,
+    deadline: Duration,
+) -> Vec<Result<Snapshot, SourceError>> {
+    match tokio::time::timeout(deadline, source.sample(&queries)).await {
+        Ok(r) => r,
+        Err(_) => queries
+            .iter()
+            .map(|_| {
+                Err(SourceError::Unreachable {
+                    what: format!("source {name:?}"),
+                    detail: format!("no answer within the cycle interval ({deadline:?})"),
+                })
+            })
+            .collect(),
     }
 }
 

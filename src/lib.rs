@@ -8,6 +8,7 @@
 pub mod bench;
 pub mod config;
 pub mod controller;
+pub mod demo;
 pub mod picker;
 pub mod plan;
 pub mod policy;

@@ -10,7 +10,7 @@ use llm_load_controller::config::{self, LogFormat};
 use llm_load_controller::controller::{self, Controller, Output};
 use llm_load_controller::quickstart::QuickStart;
 use llm_load_controller::telemetry::Telemetry;
-use llm_load_controller::{adapters, bench, proxy, sim};
+use llm_load_controller::{adapters, bench, demo, proxy, sim};
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +38,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Reference proxy: routing table on the request body, then weighted choice by ratios.
     Proxy(proxy::ProxyArgs),
+    /// Live demonstration on a simulated fleet: round robin, then dynamic ratios, then a spike.
+    Demo(demo::DemoArgs),
 }
 
 #[derive(clap::Args)]
@@ -108,6 +110,10 @@ async fn main() -> ExitCode {
             report(sim::run(args).await)
         }
         Command::Bench(args) => report(bench::run(args)),
+        Command::Demo(args) => {
+            init_logging(LogFormat::Text);
+            report(demo::run(args).await)
+        }
         Command::Proxy(args) => {
             init_logging(LogFormat::Text);
             report(proxy::run(args).await)

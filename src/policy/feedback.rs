@@ -3,7 +3,11 @@
 //! of different speed end at capacity-proportional shares: a half-speed GPU that receives half the
 //! traffic carries the same load as the others, and then nothing changes.
 //!
-//! What keeps it calm: loads are smoothed (EWMA), each cycle's change is limited (`max_step`), ratios
+//! What keeps it calm: loads are smoothed (EWMA), each cycle's change is limited (`max_step`), a
+//! member whose load is already moving toward the mean fast enough to get there within
+//! `settle_cycles`, or whose queue is shrinking, is left alone (the last corrections are still taking
+//! effect: a backlog drains at the server's own pace, and integrating on regardless would cut the
+//! ratio far below the server's capacity), ratios
 //! are rescaled so the pool mean sits at the middle of the range (nothing winds up against a bound),
 //! and a change smaller than `deadband` (relative) is not pushed at all. When the whole pool is idle
 //! there is nothing to learn from, and every member gets the same ratio.
@@ -33,6 +37,9 @@ pub struct FeedbackParams {
     pub running_norm: f64,
     /// Below this load on every member the pool counts as idle: all ratios equal.
     pub idle_load: f64,
+    /// Hold a member's ratio while its load approaches the mean fast enough to reach it within this
+    /// many cycles (0 turns the damping off).
+    pub settle_cycles: f64,
 }
 
 impl Default for FeedbackParams {
@@ -45,6 +52,7 @@ impl Default for FeedbackParams {
             queue_norm: 8.0,
             running_norm: 64.0,
             idle_load: 0.02,
+            settle_cycles: 3.0,
         }
     }
 }
@@ -64,6 +72,7 @@ impl FeedbackParams {
         check(self.queue_norm > 0.0 && self.queue_norm.is_finite(), "queue_norm", "must be > 0");
         check(self.running_norm > 0.0 && self.running_norm.is_finite(), "running_norm", "must be > 0");
         check(self.idle_load >= 0.0 && self.idle_load.is_finite(), "idle_load", "must be >= 0");
+        check(self.settle_cycles >= 0.0 && self.settle_cycles.is_finite(), "settle_cycles", "must be >= 0");
         e
     }
 }
@@ -76,11 +85,19 @@ pub struct Feedback {
     smoothed: BTreeMap<MemberId, f64>,
     /// What this policy last output per member (for the deadband).
     last: BTreeMap<MemberId, u32>,
+    /// Each member's queue at the last cycle, to tell a draining backlog from a growing one.
+    waiting: BTreeMap<MemberId, f64>,
 }
 
 impl Feedback {
     pub fn new(params: FeedbackParams) -> Self {
-        Feedback { params, level: BTreeMap::new(), smoothed: BTreeMap::new(), last: BTreeMap::new() }
+        Feedback {
+            params,
+            level: BTreeMap::new(),
+            smoothed: BTreeMap::new(),
+            last: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+        }
     }
 
     /// Drop the memory of members that left the pool.
@@ -88,6 +105,7 @@ impl Feedback {
         self.level.retain(|m, _| snap.members.contains_key(m));
         self.smoothed.retain(|m, _| snap.members.contains_key(m));
         self.last.retain(|m, _| snap.members.contains_key(m));
+        self.waiting.retain(|m, _| snap.members.contains_key(m));
     }
 
     pub fn compute(&mut self, input: &Inputs<'_>) -> BTreeMap<MemberId, u32> {
@@ -98,14 +116,23 @@ impl Feedback {
         let range = input.range;
         let target_mean = range.mid();
         let mut loads = BTreeMap::new();
+        // How much each member's smoothed load moved since the last cycle (0 for newcomers).
+        let mut trend = BTreeMap::new();
+        let mut draining = BTreeMap::new();
         for (m, s) in input.fresh {
+            let before = self.waiting.insert((*m).clone(), s.waiting);
+            draining.insert(*m, before.is_some_and(|w| s.waiting < w));
             let l = load(s, p.queue_norm, p.running_norm);
-            let smoothed = match self.smoothed.get(*m) {
-                Some(old) => p.smoothing * l + (1.0 - p.smoothing) * old,
-                None => l,
+            let (smoothed, moved) = match self.smoothed.get(*m) {
+                Some(old) => {
+                    let new = p.smoothing * l + (1.0 - p.smoothing) * old;
+                    (new, new - old)
+                }
+                None => (l, 0.0),
             };
             self.smoothed.insert((*m).clone(), smoothed);
             loads.insert(*m, smoothed);
+            trend.insert(*m, moved);
         }
         let start = |m: &MemberId| -> f64 {
             self.level.get(m).copied().or_else(|| input.start.get(m).copied()).unwrap_or(target_mean)
@@ -123,7 +150,13 @@ impl Feedback {
             let eps = p.idle_load.max(1e-3);
             let (lo, hi) = (1.0 / (1.0 + p.max_step), 1.0 + p.max_step);
             for (m, l) in &loads {
-                let factor = ((mean_load + eps) / (l + eps)).powf(p.gain).clamp(lo, hi);
+                let gap = l - mean_load;
+                let moved = trend.get(m).copied().unwrap_or(0.0);
+                let converging = gap * moved < 0.0 && moved.abs() * p.settle_cycles >= gap.abs();
+                let draining_backlog = gap > 0.0 && draining.get(m).copied().unwrap_or(false);
+                let settling = p.settle_cycles > 0.0 && (converging || draining_backlog);
+                let factor =
+                    if settling { 1.0 } else { ((mean_load + eps) / (l + eps)).powf(p.gain).clamp(lo, hi) };
                 next.insert((*m).clone(), start(m) * factor);
             }
             // Rescale so the pool mean sits mid-range: shares are relative, and a fixed mean keeps

@@ -95,7 +95,12 @@ impl PrometheusSource {
         // Each distinct query once, however many pools need it.
         let distinct: BTreeSet<&str> =
             pools.iter().flat_map(|p| p.queries.iter().map(|(_, q)| q.as_str())).collect();
-        let results = join_all(distinct.iter().map(|q| self.query(q, token.as_deref()))).await;
+        // A loop, not a closure: closures returning borrowing futures make callers' futures !Send.
+        let mut queries = Vec::with_capacity(distinct.len());
+        for q in &distinct {
+            queries.push(self.query(q, token.as_deref()));
+        }
+        let results = join_all(queries).await;
         let by_query: BTreeMap<&str, Result<Rows, SourceError>> = distinct.into_iter().zip(results).collect();
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
 

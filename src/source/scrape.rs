@@ -75,6 +75,14 @@ impl ScrapeSource {
         Ok((parsed, at))
     }
 
+    async fn fetch_one<'a>(
+        &self,
+        m: &'a MemberId,
+        token: Option<&str>,
+    ) -> (&'a MemberId, Result<(Exposition, Instant), SourceError>) {
+        (m, self.fetch(m, token).await)
+    }
+
     pub async fn sample(&self, pools: &[&PoolQuery]) -> Vec<Result<Snapshot, SourceError>> {
         let token = match self.token.as_ref().map(|t| t.resolve()).transpose() {
             Ok(t) => t,
@@ -82,15 +90,14 @@ impl ScrapeSource {
         };
         // Each member once, even when it is in several pools.
         let distinct: BTreeSet<&MemberId> = pools.iter().flat_map(|p| p.members.iter()).collect();
-        let fetched: HashMap<&MemberId, Result<(Exposition, Instant), SourceError>> = stream::iter(distinct)
-            .map(|m| {
-                let token = token.as_deref();
-                async move { (m, self.fetch(m, token).await) }
-            })
-            .buffer_unordered(self.concurrency)
-            .collect()
-            .await;
-
+        // Futures built in a loop, not a closure: closures returning borrowing futures make callers'
+        // futures !Send.
+        let mut fetches = Vec::with_capacity(distinct.len());
+        for m in distinct {
+            fetches.push(self.fetch_one(m, token.as_deref()));
+        }
+        let fetched: HashMap<&MemberId, Result<(Exposition, Instant), SourceError>> =
+            stream::iter(fetches).buffer_unordered(self.concurrency).collect().await;
         for (m, r) in &fetched {
             if let Err(e) = r {
                 tracing::debug!(source = %self.name, member = %m, error = %e, "scrape failed");
