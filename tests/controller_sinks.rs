@@ -1,0 +1,202 @@
+//! The controller binary driving each load balancer end to end: the full loop (membership from the
+//! LB, sampling, policy, push, fail-static, backoff) against the strict BIG-IP double, a real HAProxy
+//! and a real Envoy. Sink-level details are tested in the adapters crate; these tests check the
+//! wiring and that the loop keeps going through failures.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use llm_lc_testkit::bigip::{BigIpDouble, DoubleConfig, Fault, FaultKind, MemberSpec, PoolSpec, Role, UserSpec};
+use llm_lc_testkit::metrics_target::MetricsTarget;
+use llm_lc_testkit::{ports, wait};
+
+const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
+
+/// The controller as a child process with its own temp dir, stopped with SIGTERM on drop.
+struct Running {
+    child: Child,
+    listen: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Running {
+    fn start(config_body: &str) -> Running {
+        let dir = tempfile::tempdir().expect("tmp");
+        let listen = ports::free_port();
+        let cfg = dir.path().join("controller.yaml");
+        std::fs::write(&cfg, format!("interval: 300ms\nlisten: 127.0.0.1:{listen}\n{config_body}")).expect("config");
+        let out = Command::new(BIN).args(["check", "--config"]).arg(&cfg).output().expect("check");
+        assert!(out.status.success(), "config rejected: {}", String::from_utf8_lossy(&out.stderr));
+        let child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("stderr.log")).expect("log"))
+            .spawn()
+            .expect("start controller");
+        Running { child, listen, dir }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+    }
+
+    /// The ratios of the controller's last cycle for `pool`, from `GET /v1/ratios`.
+    async fn ratios(&self, pool: &str) -> Option<BTreeMap<String, u64>> {
+        let v: serde_json::Value =
+            reqwest::get(format!("http://127.0.0.1:{}/v1/ratios", self.listen)).await.ok()?.json().await.ok()?;
+        let p = v["pools"].as_array()?.iter().find(|p| p["pool"] == pool)?;
+        Some(
+            p["members"]
+                .as_array()?
+                .iter()
+                .filter_map(|m| Some((m["member"].as_str()?.to_string(), m["ratio"].as_u64()?)))
+                .collect(),
+        )
+    }
+
+    async fn metrics(&self) -> String {
+        match reqwest::get(format!("http://127.0.0.1:{}/metrics", self.listen)).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// SIGTERM, then the exit status (within 5 s).
+    async fn stop(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let child = &mut self.child;
+        wait::until(Duration::from_secs(5), "controller to exit", || {
+            let s = child.try_wait().ok().flatten();
+            async move { s }
+        })
+        .await
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Three metrics pages: idle, medium, busy.
+async fn targets() -> Vec<MetricsTarget> {
+    vec![
+        MetricsTarget::vllm(0.0, 2.0, 0.10).await,
+        MetricsTarget::vllm(2.0, 20.0, 0.50).await,
+        MetricsTarget::vllm(12.0, 60.0, 0.95).await,
+    ]
+}
+
+fn strictly_decreasing(r: &BTreeMap<String, u64>, order: &[String]) -> bool {
+    order.windows(2).all(|w| matches!((r.get(&w[0]), r.get(&w[1])), (Some(a), Some(b)) if a > b))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f5_loop_rides_through_faults_and_ends_with_the_desired_ratios() {
+    let t = targets().await;
+    let order: Vec<String> = t.iter().map(|x| x.member()).collect();
+    let d = BigIpDouble::start_with(DoubleConfig::default()).await;
+    d.add_user(UserSpec::new("svc-llm", "pw-123", Role::ApplicationEditor));
+    let mut pool = PoolSpec::new("/Common/llm_pool").mode("ratio-least-connections-member");
+    for x in &t {
+        pool = pool.member(MemberSpec::ip("127.0.0.1", x.addr.port()));
+    }
+    d.add_pool(pool);
+    // mcpd restarts and a BIG-IP reboot, on the writes and reads the controller will make.
+    d.inject(Fault::new(FaultKind::McpdLost).on("PATCH", "/mgmt/tm/").times(3));
+    d.inject(Fault::new(FaultKind::Restarting).on("GET", "/members").times(2));
+
+    let run = Running::start(&format!(
+        "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ from_lb: true }}\n    sink:\n      kind: f5\n      url: '{}'\n      pool: /Common/llm_pool\n      username: svc-llm\n      password: {{ value: pw-123 }}\n      retries: 1\n      retry_backoff: 10ms\n",
+        d.url()
+    ));
+    // Converged: the double holds exactly what the controller wants, busiest member lowest.
+    let final_ratios = wait::until(Duration::from_secs(30), "BIG-IP to hold the controller's ratios", || async {
+        let want = run.ratios("llm").await?;
+        // Members are named address:port on the double, the same form as our member ids.
+        let have = d.ratios("/Common/llm_pool");
+        (want.len() == 3 && want == have && strictly_decreasing(&want, &order) && d.pending_faults() == 0).then_some(want)
+    })
+    .await;
+    assert_eq!(final_ratios.len(), 3);
+    let metrics = run.metrics().await;
+    assert!(metrics.contains("llmlc_pushes_total{pool=\"llm\",sink=\"f5\",outcome=\"pushed\"}"), "{metrics}");
+    let log = run.log();
+    let status = run.stop().await;
+    assert!(status.success(), "{status:?}\n{log}");
+    assert_eq!(d.live_tokens("svc-llm"), 0, "the login token is deleted on shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_weights_follow_load_and_survive_a_restart() {
+    use llm_lc_testkit::haproxy::{standard_config, Haproxy};
+    let t = targets().await;
+    let order: Vec<String> = t.iter().map(|x| x.member()).collect();
+    let servers: String =
+        t.iter().enumerate().map(|(i, x)| format!("    server s{i} {} weight 1\n", x.member())).collect();
+    let mut h = Haproxy::start(&standard_config(&format!(
+        "backend llm\n    balance leastconn\n{servers}\nfrontend fe\n    bind 127.0.0.1:{{{{PORT:fe}}}}\n    default_backend llm\n"
+    )))
+    .await;
+    let run = Running::start(&format!(
+        "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ from_lb: true }}\n    sink: {{ kind: haproxy, address: '{}', backend: llm }}\n",
+        h.runtime_address()
+    ));
+    let names = ["s0", "s1", "s2"];
+    let in_haproxy = |w: &BTreeMap<String, u32>, want: &BTreeMap<String, u64>| {
+        names.iter().zip(&order).all(|(n, m)| w.get(*n).map(|v| *v as u64) == want.get(m).copied())
+    };
+    wait::until(Duration::from_secs(20), "HAProxy to carry the controller's ratios", || async {
+        let want = run.ratios("llm").await?;
+        let w = h.state_weights("llm").await;
+        (strictly_decreasing(&want, &order) && in_haproxy(&w, &want)).then_some(())
+    })
+    .await;
+    // A restart drops runtime weights; the next cycles restore them.
+    h.restart().await;
+    wait::until(Duration::from_secs(10), "weights restored after the HAProxy restart", || async {
+        let want = run.ratios("llm").await?;
+        in_haproxy(&h.state_weights("llm").await, &want).then_some(())
+    })
+    .await;
+    let status = run.stop().await;
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gets_weights_from_the_controllers_own_listener() {
+    use llm_lc_testkit::envoy::{rewrite, Envoy};
+    let t = targets().await;
+    let order: Vec<String> = t.iter().map(|x| x.member()).collect();
+    let list = order.iter().map(|m| format!("'{m}'")).collect::<Vec<_>>().join(", ");
+    let run = Running::start(&format!(
+        "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: [{list}] }}\n    sink: {{ kind: envoy, cluster: vllm }}\n"
+    ));
+    let shipped = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/envoy/envoy-eds-least-request.yaml"))
+        .expect("shipped bootstrap");
+    let eds = format!("address: 127.0.0.1, port_value: {}", run.listen);
+    let envoy = Envoy::start(&rewrite(
+        &shipped,
+        &[
+            ("address: 127.0.0.1, port_value: 9901", "address: 127.0.0.1, port_value: 0"),
+            ("address: 0.0.0.0, port_value: 10000", "address: 127.0.0.1, port_value: 0"),
+            ("address: llm-load-controller, port_value: 9090", &eds),
+            ("refresh_delay: 2s", "refresh_delay: 1s"),
+        ],
+    ))
+    .await;
+    wait::until(Duration::from_secs(30), "Envoy to hold the controller's weights", || async {
+        let want = run.ratios("llm").await?;
+        let have = envoy.weights("vllm").await?;
+        let have: BTreeMap<String, u64> = have.into_iter().map(|(k, v)| (k, v as u64)).collect();
+        (strictly_decreasing(&want, &order) && have == want).then_some(())
+    })
+    .await;
+    let status = run.stop().await;
+    assert!(status.success());
+}
