@@ -5,8 +5,9 @@
 //! speed 1 that always holds twice `max_num_seqs` requests, so the batch is full and a queue is
 //! always waiting. After a warm-up of 4x that many completions, it counts the next 20x (at least
 //! 2,000) and divides by the virtual time they took. Step time scales exactly with 1/speed, so a
-//! replica at speed `s` has `s` times that capacity, and the fleet's capacity is
-//! `sum(speed_i) x per-replica capacity`, taken at the start of the run (a replica that degrades
+//! replica at speed `s` has `s` times that capacity, and the fleet's capacity is the sum over
+//! replicas of `speed_i x capacity(profile_i)` (a replica with a smaller KV cache is calibrated with
+//! its own profile), taken at the start of the run (a replica that degrades
 //! later lowers the real capacity; the offered load stays what it was).
 //!
 //! The calibration uses its own fixed seed: capacity is a property of (profile, mix), not of the

@@ -33,7 +33,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::balancer::{Balancer, EppView, Lb};
-use super::scenario::Scenario;
+use super::scenario::{replica_profile, Scenario};
 use super::stats::{percentile, sort, LogHistogram, Spread};
 use super::workload::{Arrivals, Lengths};
 use crate::config::RatioRange;
@@ -254,8 +254,12 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
         return Err(format!("arrival rate {} must be a finite number >= 0", spec.arrival_rps));
     }
     let mut reps = Vec::with_capacity(n);
-    for &speed in &sc.speeds {
-        let mut engine = Engine::new(&spec.profile, speed).map_err(|e| e.to_string())?;
+    if sc.kv_scale.len() != n {
+        return Err("the scenario needs one KV scale per replica".into());
+    }
+    for (&speed, &kv) in sc.speeds.iter().zip(&sc.kv_scale) {
+        let profile = replica_profile(&spec.profile, kv);
+        let mut engine = Engine::new(&profile, speed).map_err(|e| e.to_string())?;
         engine.set_token_events(true);
         reps.push(Replica { engine, busy: false, pending: Vec::with_capacity(512), sample: None });
     }

@@ -142,15 +142,19 @@ pub struct ScenarioReport {
     pub profile: String,
     pub replicas: usize,
     pub speeds: Vec<f64>,
+    /// Fraction of the profile's KV cache per replica.
+    pub kv_scale: Vec<f64>,
     pub duration_s: f64,
     pub warmup_s: f64,
     pub seed: u64,
     pub signals: Signals,
     /// Clients give up on a request not scheduled within this long.
     pub timeout_s: f64,
-    /// Saturation throughput of one speed-1 replica for this mix, requests/s.
-    pub replica_capacity_rps: f64,
-    /// Base arrival rate: load x sum(speeds) x replica capacity.
+    /// Saturation throughput of each replica for this mix, requests/s (speed and KV included).
+    pub replica_capacity_rps: Vec<f64>,
+    /// Their sum: what 100% load is.
+    pub capacity_rps: f64,
+    /// Base arrival rate: load x capacity.
     pub arrival_rps: f64,
     pub results: Vec<BalancerResult>,
 }
@@ -285,8 +289,13 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
     }
     let sc = scenario::build(name, settings.replicas, settings.duration_s, settings.warmup_s)
         .map_err(anyhow::Error::msg)?;
-    let per_replica = capacity::replica_rps(&settings.profile, sc.mix).map_err(anyhow::Error::msg)?;
-    let arrival_rps = load * sc.speeds.iter().sum::<f64>() * per_replica;
+    let mut per_replica = Vec::with_capacity(sc.speeds.len());
+    for (&speed, &kv) in sc.speeds.iter().zip(&sc.kv_scale) {
+        let p = scenario::replica_profile(&settings.profile, kv);
+        per_replica.push(speed * capacity::replica_rps(&p, sc.mix).map_err(anyhow::Error::msg)?);
+    }
+    let capacity_rps: f64 = per_replica.iter().sum();
+    let arrival_rps = load * capacity_rps;
     let specs: Vec<RunSpec> = settings
         .balancers
         .iter()
@@ -312,12 +321,14 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
         profile: settings.profile.name.clone(),
         replicas: sc.speeds.len(),
         speeds: sc.speeds.clone(),
+        kv_scale: sc.kv_scale.clone(),
         duration_s: sc.duration_s,
         warmup_s: sc.warmup_s,
         seed: settings.seed,
         signals: settings.signals,
         timeout_s: settings.timeout_s,
         replica_capacity_rps: per_replica,
+        capacity_rps,
         arrival_rps,
         results: outcomes.iter().map(|o| o.result.clone()).collect(),
     };

@@ -65,7 +65,11 @@ fn title(run: &ScenarioRun) -> String {
 }
 
 fn replica_label(run: &ScenarioRun, r: usize) -> String {
-    format!("replica {r} (speed {:.2})", run.report.speeds.get(r).copied().unwrap_or(1.0))
+    let speed = run.report.speeds.get(r).copied().unwrap_or(1.0);
+    match run.report.kv_scale.get(r) {
+        Some(&kv) if kv != 1.0 => format!("replica {r} (speed {speed:.2}, KV x{kv:.2})"),
+        _ => format!("replica {r} (speed {speed:.2})"),
+    }
 }
 
 fn kv_queue(path: &Path, run: &ScenarioRun) -> anyhow::Result<bool> {

@@ -22,14 +22,19 @@ fn secs(v: f64, timeout: Option<f64>) -> String {
 
 fn header(r: &ScenarioReport) -> String {
     format!(
-        "scenario {} at {:.0}% load: {} replicas (speeds {}), {:.1} req/s offered ({:.2} req/s per speed-1 replica at \
-         saturation), {} policy{}, {} samples every {}s, pushes every {}s; measured {:.0}s after {:.0}s warm-up; seed {}\n",
+        "scenario {} at {:.0}% load: {} replicas (speeds {}{}), {:.1} req/s offered of {:.1} req/s capacity, {} policy{}, \
+         {} samples every {}s, pushes every {}s; measured {:.0}s after {:.0}s warm-up; seed {}\n",
         r.scenario,
         r.load * 100.0,
         r.replicas,
         r.speeds.iter().map(|s| format!("{s:.2}")).collect::<Vec<_>>().join("/"),
+        if r.kv_scale.iter().all(|&k| k == 1.0) {
+            String::new()
+        } else {
+            format!("; KV {}", r.kv_scale.iter().map(|s| format!("{s:.2}")).collect::<Vec<_>>().join("/"))
+        },
         r.arrival_rps,
-        r.replica_capacity_rps,
+        r.capacity_rps,
         r.policy,
         if r.policy_params.is_empty() { String::new() } else { format!(" ({})", r.policy_params.join(", ")) },
         r.signals.source,

@@ -12,15 +12,23 @@
 //! | `spike` | 6 equal | load doubles for 60 s in the middle of the measured window |
 //! | `long-context` | 6 equal | a quarter of requests carry 1.5k-7k token prompts |
 //! | `ramp` | heterogeneous fleet | load rises from 30% to 100% of `--load` over the first half |
+//! | `mixed-memory` | 6 replicas, 2 like A100-40GB next to H100-80GB: half speed *and* a third of the KV cache | long-context mix |
 //! | `large` | 24 replicas, a third at half speed | steady, one hour by default |
+//!
+//! `mixed-memory`'s smaller replicas: an A100-40GB at vLLM's `gpu_memory_utilization=0.9` has 36 GB,
+//! minus ~16 GB of Llama-3.1-8B weights and ~3 GB of activations, so ~17 GB of KV = ~130k tokens, a
+//! third of the H100 profile's 400k; half the speed as in `heterogeneous` (Lambda's vLLM benchmark:
+//! H100 ~2x A100). It is the case where equal in-flight counts are wrong even for least-request:
+//! the small replica runs out of KV blocks (and preempts) long before its batch is full.
 
 use serde::Serialize;
 
 use super::workload::{LengthMix, RateShape};
+use crate::sim::profile::ModelProfile;
 
 /// Every scenario name, in the order the sweep runs them.
 pub const NAMES: &[&str] =
-    &["homogeneous", "heterogeneous", "degraded", "spike", "long-context", "ramp", "large"];
+    &["homogeneous", "heterogeneous", "degraded", "spike", "long-context", "ramp", "mixed-memory", "large"];
 /// The five scenarios of the evidence grid.
 pub const GRID: &[&str] = &["homogeneous", "heterogeneous", "degraded", "spike", "long-context"];
 
@@ -38,6 +46,8 @@ pub struct Scenario {
     pub name: String,
     /// Speed factor per replica at the start (1 = the profile's GPU).
     pub speeds: Vec<f64>,
+    /// Fraction of the profile's KV cache each replica has (1 = as profiled).
+    pub kv_scale: Vec<f64>,
     pub speed_changes: Vec<SpeedChange>,
     pub mix: LengthMix,
     pub shape: RateShape,
@@ -82,6 +92,7 @@ pub fn build(
     let mixed: Vec<f64> = (0..n).map(|i| if i % 3 == 1 { 0.5 } else { 1.0 }).collect();
     let mut s = Scenario {
         name: name.to_string(),
+        kv_scale: vec![1.0; n],
         speeds: equal,
         speed_changes: vec![],
         mix: LengthMix::Sharegpt,
@@ -102,9 +113,25 @@ pub fn build(
             s.speeds = mixed;
             s.shape = RateShape::Ramp { start_s: warmup_s, end_s: mid, from: 0.3, to: 1.0 };
         }
+        "mixed-memory" => {
+            s.speeds = mixed;
+            s.kv_scale = (0..n).map(|i| if i % 3 == 1 { 1.0 / 3.0 } else { 1.0 }).collect();
+            s.mix = LengthMix::LongContext;
+        }
         _ => unreachable!("checked above"),
     }
     Ok(s)
+}
+
+/// The profile of a replica with `kv_scale` of the base profile's KV blocks.
+pub fn replica_profile(base: &ModelProfile, kv_scale: f64) -> ModelProfile {
+    if kv_scale == 1.0 {
+        return base.clone();
+    }
+    let mut p = base.clone();
+    p.num_gpu_blocks = ((base.num_gpu_blocks as f64) * kv_scale).round().max(1.0) as u32;
+    p.name = format!("{}-kv{:.2}", base.name, kv_scale);
+    p
 }
 
 #[cfg(test)]
@@ -129,5 +156,17 @@ mod tests {
         let l = build("large", None, None, None).unwrap();
         assert_eq!(l.speeds.len(), 24);
         assert_eq!(l.speeds.iter().filter(|&&x| x == 0.5).count(), 8);
+    }
+
+    #[test]
+    fn mixed_memory_replicas_are_slower_and_smaller() {
+        let s = build("mixed-memory", None, None, None).unwrap();
+        assert_eq!(s.kv_scale[1], 1.0 / 3.0);
+        assert_eq!(s.speeds[1], 0.5);
+        let base = ModelProfile::llama_8b_h100();
+        let small = replica_profile(&base, s.kv_scale[1]);
+        assert_eq!(small.num_gpu_blocks, 8333);
+        small.validate().unwrap();
+        assert_eq!(replica_profile(&base, 1.0), base);
     }
 }
