@@ -33,6 +33,9 @@ pub struct Config {
     pub unready_after_cycles: u32,
     pub sources: BTreeMap<String, SourceConfig>,
     pub pools: Vec<PoolConfig>,
+    /// Several replicas: only the holder of a Kubernetes Lease pushes (see `leader`).
+    #[serde(default)]
+    pub leader_election: crate::leader::LeaderElectionConfig,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -361,6 +364,9 @@ impl Config {
         }
         if self.pools.is_empty() {
             err("pools".into(), "at least one pool is needed");
+        }
+        for (field, msg) in self.leader_election.validate() {
+            err(format!("leader_election.{field}"), &msg);
         }
         for (name, src) in &self.sources {
             let at = |f: &str| format!("sources.{name}.{f}");

@@ -61,6 +61,13 @@ struct PoolRuntime {
     failures: u32,
     state: PoolState,
     unhealthy_since: Option<Instant>,
+    // --- leader election (src/leader.rs) ---
+    /// "This replica leads"; `None` means always (no election).
+    leader: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Whether pushing changes something outside this process (F5, HAProxy runtime API, webhook,
+    /// Envoy file). Sinks that are *served* from this process (Envoy xDS, HAProxy agent) and dry-run
+    /// keep working on followers: whoever answers has the same ratios.
+    needs_leader: bool,
 }
 
 /// The whole controller: sources, pools and the shared telemetry.
@@ -127,6 +134,8 @@ impl Controller {
                 failures: 0,
                 state: PoolState::Starting,
                 unhealthy_since: None,
+                leader: None,
+                needs_leader: pushes_outside(&sink_cfg),
             });
         }
         Ok(Controller { interval: cfg.interval, sources, pools, telemetry })
@@ -134,6 +143,31 @@ impl Controller {
 
     pub fn interval(&self) -> Duration {
         self.interval
+    }
+
+    // --- leader election and config reload (src/leader.rs, src/reload.rs) ---
+
+    /// Push only while `leader` holds `true`; otherwise pools compute and report as usual and their
+    /// push outcome is `follower`.
+    pub fn set_leadership(&mut self, leader: tokio::sync::watch::Receiver<bool>) {
+        for p in &mut self.pools {
+            p.leader = Some(leader.clone());
+        }
+    }
+
+    /// The ratios each pool computed last, by pool name (to carry over into a reloaded controller).
+    pub fn computed_ratios(&self) -> BTreeMap<String, Ratios> {
+        self.pools.iter().map(|p| (p.cfg.name.clone(), p.last_computed.clone())).collect()
+    }
+
+    /// Start pools from ratios a previous controller computed, so a config reload does not reset them
+    /// to the middle of the range. Pools not in `by_pool` start fresh.
+    pub fn seed_ratios(&mut self, by_pool: &BTreeMap<String, Ratios>) {
+        for p in &mut self.pools {
+            if let Some(r) = by_pool.get(&p.cfg.name) {
+                p.last_computed = r.clone();
+            }
+        }
     }
 
     /// Run one cycle: returns the report and whether every pool computed ratios from fresh data.
@@ -429,6 +463,9 @@ impl PoolRuntime {
             tracing::error!(pool = %pool, "refusing to push ratios that leave no member able to take traffic");
             return "refused_drain";
         }
+        if !self.may_push() {
+            return "follower";
+        }
         if let Some(at) = self.retry_at {
             if Instant::now() < at {
                 return "backoff";
@@ -449,6 +486,10 @@ impl PoolRuntime {
         };
         if unchanged {
             return if self.sink.kind() == "dry-run" { "dry_run" } else { "unchanged" };
+        }
+        // Leadership may have been lost while reading the LB back.
+        if !self.may_push() {
+            return "follower";
         }
         match tokio::time::timeout(deadline, self.sink.apply(desired)).await {
             Ok(Ok(applied)) => {
@@ -471,6 +512,10 @@ impl PoolRuntime {
             Ok(Err(e)) => self.failed(e),
             Err(_) => self.failed(timeout_err(&pool, deadline)),
         }
+    }
+
+    fn may_push(&self) -> bool {
+        !self.needs_leader || self.leader.as_ref().is_none_or(|l| *l.borrow())
     }
 
     /// Log, then back off exponentially with jitter: 1, 2, 4 ... intervals' worth of seconds, capped.
@@ -508,6 +553,18 @@ async fn sample_within(
                 })
             })
             .collect(),
+    }
+}
+
+/// Whether a sink changes state outside this process (and so must be left to the leader).
+fn pushes_outside(sink: &SinkConfig) -> bool {
+    use llm_lc_adapters::envoy::EnvoyMode;
+    use llm_lc_adapters::haproxy::HaproxyMode;
+    match sink {
+        SinkConfig::DryRun => false,
+        SinkConfig::Envoy(e) => e.mode != EnvoyMode::Xds,
+        SinkConfig::Haproxy(h) => h.mode != HaproxyMode::Agent,
+        SinkConfig::F5(_) | SinkConfig::Webhook(_) => true,
     }
 }
 

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod config;
 pub mod controller;
 pub mod demo;
+pub mod leader;
 pub mod picker;
 pub mod plan;
 pub mod policy;

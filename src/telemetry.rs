@@ -45,6 +45,12 @@ pub struct Metrics {
     pub samples_rejected: FCounter,
     pub pushes: FCounter,
     pub last_good_cycle: Gauge<f64, AtomicU64>,
+    /// 1 while this replica holds the leader lease (or runs without election), else 0.
+    pub leader: Gauge,
+    /// Config file reloads by result (`applied`, `rejected`).
+    pub config_reloads: FCounter,
+    /// 1 when the last config file change was applied (or none happened), 0 when it was rejected.
+    pub config_last_reload_successful: Gauge,
 }
 
 impl Metrics {
@@ -101,6 +107,21 @@ impl Metrics {
             "Unix time of the last cycle in which some pool computed ratios",
             last_good_cycle.clone(),
         );
+        let leader = Gauge::default();
+        r.register(
+            "llmlc_leader",
+            "1 while this replica is the leader and pushes ratios (always 1 without leader election)",
+            leader.clone(),
+        );
+        let config_reloads =
+            c(&mut r, "llmlc_config_reloads", "Config file changes by result (applied, rejected)");
+        let config_last_reload_successful = Gauge::default();
+        config_last_reload_successful.set(1);
+        r.register(
+            "llmlc_config_last_reload_successful",
+            "0 when the last change of the config file was rejected (the previous config keeps running)",
+            config_last_reload_successful.clone(),
+        );
         Metrics {
             registry: r,
             member_ratio,
@@ -118,6 +139,9 @@ impl Metrics {
             samples_rejected,
             pushes,
             last_good_cycle,
+            leader,
+            config_reloads,
+            config_last_reload_successful,
         }
     }
 
@@ -153,24 +177,46 @@ pub fn labels(pairs: &[(&str, &str)]) -> Labels {
 pub struct Telemetry {
     pub metrics: Metrics,
     state: Mutex<Status>,
-    interval: Duration,
-    unready_after_cycles: u32,
 }
 
-#[derive(Default)]
 struct Status {
     last: Option<CycleReport>,
     last_good: Option<Instant>,
+    /// The cycle interval and `unready_after_cycles` in force (a config reload may change them).
+    interval: Duration,
+    unready_after_cycles: u32,
+    /// Extra lines for `/readyz` that do not change readiness: the leader role, a rejected reload.
+    notes: std::collections::BTreeMap<&'static str, String>,
 }
 
 impl Telemetry {
     pub fn new(interval: Duration, unready_after_cycles: u32) -> Arc<Telemetry> {
         Arc::new(Telemetry {
             metrics: Metrics::new(),
-            state: Mutex::new(Status::default()),
-            interval,
-            unready_after_cycles,
+            state: Mutex::new(Status {
+                last: None,
+                last_good: None,
+                interval,
+                unready_after_cycles,
+                notes: Default::default(),
+            }),
         })
+    }
+
+    /// A reloaded config's interval and `unready_after_cycles` (the readiness window follows them).
+    pub fn set_schedule(&self, interval: Duration, unready_after_cycles: u32) {
+        let mut st = self.status();
+        st.interval = interval;
+        st.unready_after_cycles = unready_after_cycles;
+    }
+
+    /// Set or clear a note shown by `/readyz` after the readiness reason. Notes never change readiness.
+    pub fn set_note(&self, key: &'static str, note: Option<String>) {
+        let mut st = self.status();
+        match note {
+            Some(n) => st.notes.insert(key, n),
+            None => st.notes.remove(key),
+        };
     }
 
     fn status(&self) -> std::sync::MutexGuard<'_, Status> {
@@ -191,13 +237,21 @@ impl Telemetry {
         st.last = Some(report);
     }
 
-    /// Ready, with a one-line reason either way.
+    /// Ready, with a one-line reason either way, followed by the notes (`; ` separated).
     pub fn readiness(&self) -> (bool, String) {
         let st = self.status();
+        let (ok, mut why) = Self::readiness_of(&st);
+        for (k, n) in &st.notes {
+            why.push_str(&format!("; {k}: {n}"));
+        }
+        (ok, why)
+    }
+
+    fn readiness_of(st: &Status) -> (bool, String) {
         match st.last_good {
             None => (false, "no good cycle yet".into()),
             Some(t) => {
-                let limit = self.interval * self.unready_after_cycles;
+                let limit = st.interval * st.unready_after_cycles;
                 let age = t.elapsed();
                 if age > limit {
                     (
