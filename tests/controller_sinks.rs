@@ -8,7 +8,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use llm_lc_testkit::bigip::{BigIpDouble, DoubleConfig, Fault, FaultKind, MemberSpec, PoolSpec, Role, UserSpec};
+use llm_lc_testkit::bigip::{
+    BigIpDouble, DoubleConfig, Fault, FaultKind, MemberSpec, PoolSpec, Role, UserSpec,
+};
 use llm_lc_testkit::metrics_target::MetricsTarget;
 use llm_lc_testkit::{ports, wait};
 
@@ -26,7 +28,8 @@ impl Running {
         let dir = tempfile::tempdir().expect("tmp");
         let listen = ports::free_port();
         let cfg = dir.path().join("controller.yaml");
-        std::fs::write(&cfg, format!("interval: 300ms\nlisten: 127.0.0.1:{listen}\n{config_body}")).expect("config");
+        std::fs::write(&cfg, format!("interval: 300ms\nlisten: 127.0.0.1:{listen}\n{config_body}"))
+            .expect("config");
         let out = Command::new(BIN).args(["check", "--config"]).arg(&cfg).output().expect("check");
         assert!(out.status.success(), "config rejected: {}", String::from_utf8_lossy(&out.stderr));
         let child = Command::new(BIN)
@@ -45,8 +48,12 @@ impl Running {
 
     /// The ratios of the controller's last cycle for `pool`, from `GET /v1/ratios`.
     async fn ratios(&self, pool: &str) -> Option<BTreeMap<String, u64>> {
-        let v: serde_json::Value =
-            reqwest::get(format!("http://127.0.0.1:{}/v1/ratios", self.listen)).await.ok()?.json().await.ok()?;
+        let v: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{}/v1/ratios", self.listen))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
         let p = v["pools"].as_array()?.iter().find(|p| p["pool"] == pool)?;
         Some(
             p["members"]
@@ -116,13 +123,15 @@ async fn f5_loop_rides_through_faults_and_ends_with_the_desired_ratios() {
         d.url()
     ));
     // Converged: the double holds exactly what the controller wants, busiest member lowest.
-    let final_ratios = wait::until(Duration::from_secs(30), "BIG-IP to hold the controller's ratios", || async {
-        let want = run.ratios("llm").await?;
-        // Members are named address:port on the double, the same form as our member ids.
-        let have = d.ratios("/Common/llm_pool");
-        (want.len() == 3 && want == have && strictly_decreasing(&want, &order) && d.pending_faults() == 0).then_some(want)
-    })
-    .await;
+    let final_ratios =
+        wait::until(Duration::from_secs(30), "BIG-IP to hold the controller's ratios", || async {
+            let want = run.ratios("llm").await?;
+            // Members are named address:port on the double, the same form as our member ids.
+            let have = d.ratios("/Common/llm_pool");
+            (want.len() == 3 && want == have && strictly_decreasing(&want, &order) && d.pending_faults() == 0)
+                .then_some(want)
+        })
+        .await;
     assert_eq!(final_ratios.len(), 3);
     let metrics = run.metrics().await;
     assert!(metrics.contains("llmlc_pushes_total{pool=\"llm\",sink=\"f5\",outcome=\"pushed\"}"), "{metrics}");
@@ -177,8 +186,10 @@ async fn envoy_gets_weights_from_the_controllers_own_listener() {
     let run = Running::start(&format!(
         "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: [{list}] }}\n    sink: {{ kind: envoy, cluster: vllm }}\n"
     ));
-    let shipped = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/envoy/envoy-eds-least-request.yaml"))
-        .expect("shipped bootstrap");
+    let shipped = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/envoy/envoy-eds-least-request.yaml"),
+    )
+    .expect("shipped bootstrap");
     let eds = format!("address: 127.0.0.1, port_value: {}", run.listen);
     let envoy = Envoy::start(&rewrite(
         &shipped,
@@ -199,4 +210,75 @@ async fn envoy_gets_weights_from_the_controllers_own_listener() {
     .await;
     let status = run.stop().await;
     assert!(status.success());
+}
+
+/// The acceptance run: the simulated fleet behind a real HAProxy in leastconn mode, the
+/// controller pushing weights; one replica slows to a fifth of its speed and gets a falling share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowed_replica_loses_traffic_behind_haproxy_leastconn() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use llm_lc_testkit::haproxy::{standard_config, Haproxy};
+    use llm_load_controller::sim::{start_fleet, FleetConfig, ModelProfile};
+
+    let fleet = start_fleet(FleetConfig::new(ModelProfile::tiny(), &[1.0, 1.0, 1.0])).await.expect("fleet");
+    let addrs: Vec<String> = fleet.addrs().iter().map(|a| a.to_string()).collect();
+    let servers: String =
+        addrs.iter().enumerate().map(|(i, a)| format!("    server s{i} {a} weight 50\n")).collect();
+    let h = Haproxy::start(&standard_config(&format!(
+        "backend llm\n    balance leastconn\n{servers}\nfrontend fe\n    bind 127.0.0.1:{{{{PORT:fe}}}}\n    default_backend llm\n"
+    )))
+    .await;
+    let run = Running::start(&format!(
+        "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ from_lb: true }}\n    stale_after: 5s\n    grace: 2s\n    sink: {{ kind: haproxy, address: '{}', backend: llm }}\n",
+        h.runtime_address()
+    ));
+
+    // Twelve clients in a closed loop through HAProxy.
+    let url = format!("http://127.0.0.1:{}/v1/completions", h.port("fe"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for _ in 0..12 {
+        let (url, stop) = (url.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let c = reqwest::Client::new();
+            let body = serde_json::json!({"model": "sim-tiny", "prompt": "x".repeat(400), "max_tokens": 24, "ignore_eos": true});
+            while !stop.load(Ordering::Relaxed) {
+                let _ = c.post(&url).json(&body).timeout(Duration::from_secs(10)).send().await;
+            }
+        }));
+    }
+    // Requests served per replica: each has a 100-token prompt.
+    let served = |fleet: &llm_load_controller::sim::Fleet| -> Vec<u64> {
+        (0..3).map(|i| fleet.stats(i).map(|s| s.prompt_tokens_total / 100).unwrap_or(0)).collect()
+    };
+
+    fleet.set_speed(2, 0.2).expect("slow down replica 2");
+    // The controller notices and gives the slowed replica the lowest weight in HAProxy.
+    wait::until(Duration::from_secs(30), "HAProxy weight of the slowed replica to be the lowest", || async {
+        let w = h.state_weights("llm").await;
+        let (a, b, c) = (w.get("s0")?, w.get("s1")?, w.get("s2")?);
+        (c * 2 < *a.min(b)).then_some(())
+    })
+    .await;
+    // From then on it serves clearly less than an equal third.
+    let before = served(&fleet);
+    wait::until(Duration::from_secs(30), "enough requests to measure the split", || {
+        let now = served(&fleet);
+        let total: u64 = now.iter().zip(&before).map(|(n, b)| n - b).sum();
+        async move { (total >= 300).then_some(()) }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        let _ = c.await;
+    }
+    let after = served(&fleet);
+    let delta: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let total: u64 = delta.iter().sum();
+    assert!((delta[2] as f64) < 0.2 * total as f64, "slowed replica still served {delta:?}");
+    let status = run.stop().await;
+    assert!(status.success());
+    fleet.shutdown().await;
 }

@@ -3,6 +3,11 @@
 //! of different speed end at capacity-proportional shares: a half-speed GPU that receives half the
 //! traffic carries the same load as the others, and then nothing changes.
 //!
+//! Load is KV usage plus queue, multiplied by how slow the member is compared with the pool
+//! (`(mean processing time / pool mean) ^ latency_weight`) when every member reports a processing
+//! time. Behind a least-connections balancer every server holds about as many requests, so KV usage
+//! and queue look alike on a fast and a slow GPU; only the time each request takes tells them apart.
+//!
 //! What keeps it calm: loads are smoothed (EWMA), each cycle's change is limited (`max_step`), a
 //! member whose load is already moving toward the mean fast enough to get there within
 //! `settle_cycles`, or whose queue is shrinking, is left alone (the last corrections are still taking
@@ -40,6 +45,8 @@ pub struct FeedbackParams {
     /// Hold a member's ratio while its load approaches the mean fast enough to reach it within this
     /// many cycles (0 turns the damping off).
     pub settle_cycles: f64,
+    /// Exponent of the relative processing time in the load (0 ignores processing time).
+    pub latency_weight: f64,
 }
 
 impl Default for FeedbackParams {
@@ -53,6 +60,7 @@ impl Default for FeedbackParams {
             running_norm: 64.0,
             idle_load: 0.02,
             settle_cycles: 3.0,
+            latency_weight: 1.0,
         }
     }
 }
@@ -73,6 +81,7 @@ impl FeedbackParams {
         check(self.running_norm > 0.0 && self.running_norm.is_finite(), "running_norm", "must be > 0");
         check(self.idle_load >= 0.0 && self.idle_load.is_finite(), "idle_load", "must be >= 0");
         check(self.settle_cycles >= 0.0 && self.settle_cycles.is_finite(), "settle_cycles", "must be >= 0");
+        check((0.0..=4.0).contains(&self.latency_weight), "latency_weight", "must be in [0, 4]");
         e
     }
 }
@@ -87,6 +96,8 @@ pub struct Feedback {
     last: BTreeMap<MemberId, u32>,
     /// Each member's queue at the last cycle, to tell a draining backlog from a growing one.
     waiting: BTreeMap<MemberId, f64>,
+    /// Smoothed mean processing time per member; kept across cycles in which no request finished.
+    latency: BTreeMap<MemberId, f64>,
 }
 
 impl Feedback {
@@ -97,6 +108,7 @@ impl Feedback {
             smoothed: BTreeMap::new(),
             last: BTreeMap::new(),
             waiting: BTreeMap::new(),
+            latency: BTreeMap::new(),
         }
     }
 
@@ -106,15 +118,42 @@ impl Feedback {
         self.smoothed.retain(|m, _| snap.members.contains_key(m));
         self.last.retain(|m, _| snap.members.contains_key(m));
         self.waiting.retain(|m, _| snap.members.contains_key(m));
+        self.latency.retain(|m, _| snap.members.contains_key(m));
+    }
+
+    /// Per fresh member, how much slower than the pool it processes requests, when every fresh member
+    /// has a processing time (a partial picture would favour whoever happens to lack one).
+    fn slowness(&mut self, input: &Inputs<'_>) -> BTreeMap<MemberId, f64> {
+        let p = &self.params;
+        for (m, s) in input.fresh {
+            if let Some(l) = s.latency.filter(|l| *l > 0.0) {
+                let v = match self.latency.get(*m) {
+                    Some(old) => p.smoothing * l + (1.0 - p.smoothing) * old,
+                    None => l,
+                };
+                self.latency.insert((*m).clone(), v);
+            }
+        }
+        let known: Vec<f64> = input.fresh.keys().filter_map(|m| self.latency.get(*m).copied()).collect();
+        if p.latency_weight == 0.0 || known.len() != input.fresh.len() {
+            return BTreeMap::new();
+        }
+        let mean = known.iter().sum::<f64>() / known.len() as f64;
+        input
+            .fresh
+            .keys()
+            .filter_map(|m| Some(((*m).clone(), (self.latency.get(*m)? / mean).powf(p.latency_weight))))
+            .collect()
     }
 
     pub fn compute(&mut self, input: &Inputs<'_>) -> BTreeMap<MemberId, u32> {
-        let p = &self.params;
         if input.fresh.is_empty() {
             return BTreeMap::new();
         }
         let range = input.range;
         let target_mean = range.mid();
+        let slowness = self.slowness(input);
+        let p = &self.params;
         let mut loads = BTreeMap::new();
         // How much each member's smoothed load moved since the last cycle (0 for newcomers).
         let mut trend = BTreeMap::new();
@@ -122,7 +161,7 @@ impl Feedback {
         for (m, s) in input.fresh {
             let before = self.waiting.insert((*m).clone(), s.waiting);
             draining.insert(*m, before.is_some_and(|w| s.waiting < w));
-            let l = load(s, p.queue_norm, p.running_norm);
+            let l = load(s, p.queue_norm, p.running_norm) * slowness.get(*m).copied().unwrap_or(1.0);
             let (smoothed, moved) = match self.smoothed.get(*m) {
                 Some(old) => {
                     let new = p.smoothing * l + (1.0 - p.smoothing) * old;

@@ -178,3 +178,28 @@ fn feedback_converges_to_capacity_proportional_shares() {
     let quiet = tail.windows(2).filter(|w| w[0] == w[1]).count();
     assert!(quiet >= 5, "only {quiet} of 9 cycles were quiet: {tail:?}");
 }
+
+/// Behind least-connections both servers hold the same number of requests and show the same KV
+/// usage; only the processing time reveals the slow one, and it must end with the lower ratio.
+#[test]
+fn feedback_uses_processing_time_to_find_the_slow_server() {
+    let mut p = new_policy(&PolicyConfig::Feedback(Default::default()));
+    let mut prev = Ratios::default();
+    for _ in 0..10 {
+        let mut fast = sample(0.0, 8.0, 0.4);
+        fast.latency = Some(2.0);
+        let mut slow = sample(0.0, 8.0, 0.4);
+        slow.latency = Some(5.0);
+        prev = p.compute(&snap(&[("fast:1", Some(fast)), ("slow:1", Some(slow))]), &prev).ratios;
+    }
+    let fast = prev.get(&MemberId::from("fast:1")).expect("fast");
+    let slow = prev.get(&MemberId::from("slow:1")).expect("slow");
+    assert!(slow * 3 < fast * 2, "fast {fast} slow {slow}");
+
+    // Without processing times on every member, it is ignored: equal loads stay equal.
+    let mut p = new_policy(&PolicyConfig::Feedback(Default::default()));
+    let mut one = sample(0.0, 8.0, 0.4);
+    one.latency = Some(5.0);
+    let o = p.compute(&snap(&[("a:1", Some(one)), ("b:1", Some(sample(0.0, 8.0, 0.4)))]), &Ratios::default());
+    assert_eq!(o.ratios.get(&MemberId::from("a:1")), o.ratios.get(&MemberId::from("b:1")));
+}
