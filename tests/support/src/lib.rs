@@ -6,6 +6,7 @@
 pub mod bigip;
 pub mod envoy;
 pub mod haproxy;
+pub mod kube;
 pub mod metrics_target;
 pub mod ports;
 pub mod prometheus;

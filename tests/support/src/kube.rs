@@ -1,0 +1,453 @@
+//! A fake Kubernetes API server for Leases (`coordination.k8s.io/v1`): get, create and update, with
+//! the API server's rules a leader-election client can trip over, so tests of the client are honest:
+//! - bearer tokens are checked (401 `Unauthorized` otherwise);
+//! - `metadata.resourceVersion` is required on update and must match the stored one (409 `Conflict`,
+//!   "the object has been modified"); create with one set is a 400, a second create of the same name
+//!   a 409 `AlreadyExists`; every write bumps the version;
+//! - names must be DNS subdomains and match the URL; `apiVersion`/`kind`, when sent, must be
+//!   `coordination.k8s.io/v1`/`Lease`;
+//! - `acquireTime`/`renewTime` are `MicroTime`: RFC 3339 with exactly six fractional digits, as Go's
+//!   layout `2006-01-02T15:04:05.000000Z07:00` demands (400 otherwise);
+//! - `leaseDurationSeconds` must be > 0 and `leaseTransitions` >= 0 (422 `Invalid`).
+//!
+//! Errors are `Status` objects shaped like the real ones. Tests can make the server unavailable to
+//! one token (503, as during an API-server outage seen from one node), inject 409s, or write a Lease
+//! behind the clients' backs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use serde_json::{json, Value};
+
+const PREFIX: &str = "/apis/coordination.k8s.io/v1/namespaces/";
+
+/// Counts of what the server saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub gets: u64,
+    pub creates: u64,
+    pub updates: u64,
+    /// 409 answers (conflicts and already-exists).
+    pub conflicts: u64,
+    /// Other 4xx answers: something the client sent was wrong.
+    pub rejected: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    tokens: BTreeSet<String>,
+    leases: BTreeMap<(String, String), Value>,
+    version: u64,
+    down_for: BTreeSet<String>,
+    inject_conflicts: u32,
+    stats: Stats,
+    /// Every 4xx message, for assertions and for debugging a failing test.
+    errors: Vec<String>,
+}
+
+type Shared = Arc<Mutex<Inner>>;
+
+pub struct FakeKube {
+    pub addr: std::net::SocketAddr,
+    inner: Shared,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeKube {
+    /// Serve on a free loopback port, accepting the given bearer tokens.
+    pub async fn start(tokens: &[&str]) -> FakeKube {
+        let inner: Shared = Arc::new(Mutex::new(Inner {
+            tokens: tokens.iter().map(|t| t.to_string()).collect(),
+            ..Default::default()
+        }));
+        let app = Router::new().fallback(handle).with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the fake API server");
+        let addr = listener.local_addr().expect("local addr");
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeKube { addr, inner, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The stored Lease as JSON.
+    pub fn lease(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.lock().leases.get(&(namespace.to_string(), name.to_string())).cloned()
+    }
+
+    /// `spec.holderIdentity` of the stored Lease; `None` when absent, empty or no Lease.
+    pub fn holder(&self, namespace: &str, name: &str) -> Option<String> {
+        self.lease(namespace, name)
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+            .filter(|h| !h.is_empty())
+    }
+
+    /// Write a Lease's spec directly, as another client would: bumps the resourceVersion.
+    pub fn write_spec(&self, namespace: &str, name: &str, spec: Value) {
+        let mut g = self.lock();
+        g.version += 1;
+        let rv = g.version.to_string();
+        let obj = json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": rv, "uid": format!("uid-{name}")},
+            "spec": spec,
+        });
+        g.leases.insert((namespace.to_string(), name.to_string()), obj);
+    }
+
+    /// Answer every request made with `token` with 503 while `down` (the API server unreachable
+    /// from that client's point of view).
+    pub fn set_down_for(&self, token: &str, down: bool) {
+        let mut g = self.lock();
+        if down {
+            g.down_for.insert(token.to_string());
+        } else {
+            g.down_for.remove(token);
+        }
+    }
+
+    /// Answer the next `n` updates with 409 Conflict, as if another writer always got there first.
+    pub fn inject_conflicts(&self, n: u32) {
+        self.lock().inject_conflicts = n;
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.lock().stats.clone()
+    }
+
+    /// Messages of the 4xx answers other than conflicts so far.
+    pub fn errors(&self) -> Vec<String> {
+        self.lock().errors.clone()
+    }
+}
+
+impl Drop for FakeKube {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn status(code: StatusCode, reason: &str, message: String, name: &str) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason,
+        "details": {"name": name, "group": "coordination.k8s.io", "kind": "leases"},
+        "code": code.as_u16(),
+    });
+    (code, [("content-type", "application/json")], body.to_string()).into_response()
+}
+
+fn reject(g: &mut Inner, code: StatusCode, reason: &str, message: String, name: &str) -> Response {
+    if code == StatusCode::CONFLICT {
+        g.stats.conflicts += 1;
+    } else if code.is_client_error() {
+        g.stats.rejected += 1;
+        g.errors.push(message.clone());
+    }
+    status(code, reason, message, name)
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    !s.is_empty() && s.len() <= 253 && s.chars().all(ok) && edge(s.chars().next()) && edge(s.chars().last())
+}
+
+/// Go's `time.Parse("2006-01-02T15:04:05.000000Z07:00", s)`: exactly six fractional digits, then
+/// `Z` or `±hh:mm`.
+fn is_micro_time(s: &str) -> bool {
+    let b = s.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r.clone()).is_some_and(|x| x.iter().all(u8::is_ascii_digit));
+    let head = b.len() >= 27
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && b[10] == b'T'
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19)
+        && b[19] == b'.'
+        && digits(20..26);
+    head && match &b[26..] {
+        [b'Z'] => true,
+        [sign, h1, h2, b':', m1, m2] => {
+            (*sign == b'+' || *sign == b'-') && [h1, h2, m1, m2].iter().all(|c| c.is_ascii_digit())
+        }
+        _ => false,
+    }
+}
+
+/// The checks the API server makes on a Lease body; `Err((code, reason, message))`.
+fn validate(
+    obj: &Value,
+    ns: &str,
+    url_name: Option<&str>,
+) -> Result<String, (StatusCode, &'static str, String)> {
+    let bad = |m: String| Err((StatusCode::BAD_REQUEST, "BadRequest", m));
+    if !obj.is_object() {
+        return bad("the body is not a JSON object".into());
+    }
+    if let Some(v) = obj.get("apiVersion") {
+        if v != "coordination.k8s.io/v1" {
+            return bad(format!(
+                "the API version in the data ({v}) does not match the expected API version (coordination.k8s.io/v1)"
+            ));
+        }
+    }
+    if let Some(k) = obj.get("kind") {
+        if k != "Lease" {
+            return bad(format!("the kind in the data ({k}) does not match the expected kind (Lease)"));
+        }
+    }
+    let meta = &obj["metadata"];
+    let name = meta["name"].as_str().unwrap_or_default().to_string();
+    if let Some(u) = url_name {
+        if name != u {
+            return bad(format!("the name of the object ({name}) does not match the name on the URL ({u})"));
+        }
+    }
+    if let Some(n) = meta.get("namespace").and_then(Value::as_str) {
+        if n != ns {
+            return bad(
+                "the namespace of the provided object does not match the namespace sent on the request"
+                    .into(),
+            );
+        }
+    }
+    if !is_dns_subdomain(&name) {
+        return Err((
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("Lease.coordination.k8s.io {name:?} is invalid: metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"),
+        ));
+    }
+    let spec = &obj["spec"];
+    for f in ["acquireTime", "renewTime"] {
+        match spec.get(f) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(t)) if is_micro_time(t) => {}
+            Some(v) => {
+                return bad(format!(
+                    "Lease in version \"v1\" cannot be handled as a Lease: parsing time {v} as \"2006-01-02T15:04:05.000000Z07:00\": cannot parse (spec.{f})"
+                ))
+            }
+        }
+    }
+    let invalid = |m: String| Err((StatusCode::UNPROCESSABLE_ENTITY, "Invalid", m));
+    match spec.get("leaseDurationSeconds") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.as_i64().is_some_and(|d| d > 0 && d <= i32::MAX as i64) => {}
+        Some(v) => return invalid(format!("Lease.coordination.k8s.io {name:?} is invalid: spec.leaseDurationSeconds: Invalid value: {v}: must be greater than 0")),
+    }
+    match spec.get("leaseTransitions") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.as_i64().is_some_and(|d| (0..=i32::MAX as i64).contains(&d)) => {}
+        Some(v) => return invalid(format!("Lease.coordination.k8s.io {name:?} is invalid: spec.leaseTransitions: Invalid value: {v}: must be greater than or equal to 0")),
+    }
+    if let Some(h) = spec.get("holderIdentity") {
+        if !(h.is_null() || h.is_string()) {
+            return bad(format!("spec.holderIdentity: expected a string, got {h}"));
+        }
+    }
+    Ok(name)
+}
+
+async fn handle(
+    State(inner): State<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let mut g = inner.lock().unwrap_or_else(|p| p.into_inner());
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .to_string();
+    if !g.tokens.contains(&token) {
+        return reject(&mut g, StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized".into(), "");
+    }
+    if g.down_for.contains(&token) {
+        return status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request".into(),
+            "",
+        );
+    }
+    let path = uri.path();
+    let rest = match path.strip_prefix(PREFIX) {
+        Some(r) => r,
+        None => {
+            return reject(
+                &mut g,
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("the server could not find the requested resource ({path})"),
+                "",
+            )
+        }
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    let (ns, name) = match parts.as_slice() {
+        [ns, "leases"] => (ns.to_string(), None),
+        [ns, "leases", name] if !name.is_empty() => (ns.to_string(), Some(name.to_string())),
+        _ => {
+            return reject(
+                &mut g,
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("the server could not find the requested resource ({path})"),
+                "",
+            )
+        }
+    };
+    // A boxed error keeps the Result small (clippy::result_large_err); it is unboxed at once.
+    let parse_body = |g: &mut Inner| -> Result<Value, Box<Response>> {
+        let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        if !ct.starts_with("application/json") {
+            return Err(Box::new(reject(g, StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json (got {ct:?})"), "")));
+        }
+        serde_json::from_slice(&body).map_err(|e| {
+            Box::new(reject(g, StatusCode::BAD_REQUEST, "BadRequest", format!("invalid JSON: {e}"), ""))
+        })
+    };
+    match (method, name) {
+        (Method::GET, Some(name)) => {
+            g.stats.gets += 1;
+            match g.leases.get(&(ns.clone(), name.clone())) {
+                Some(l) => (StatusCode::OK, axum::Json(l.clone())).into_response(),
+                // A missing Lease is an answer, not a client mistake: not counted in `errors`.
+                None => status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("leases.coordination.k8s.io {name:?} not found"),
+                    &name,
+                ),
+            }
+        }
+        (Method::POST, None) => {
+            g.stats.creates += 1;
+            let mut obj = match parse_body(&mut g) {
+                Ok(o) => o,
+                Err(r) => return *r,
+            };
+            let name = match validate(&obj, &ns, None) {
+                Ok(n) => n,
+                Err((c, r, m)) => return reject(&mut g, c, r, m, ""),
+            };
+            if obj["metadata"].get("resourceVersion").is_some_and(|v| !v.is_null()) {
+                return reject(
+                    &mut g,
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "resourceVersion should not be set on objects to be created".into(),
+                    &name,
+                );
+            }
+            let key = (ns.clone(), name.clone());
+            if g.leases.contains_key(&key) {
+                return reject(
+                    &mut g,
+                    StatusCode::CONFLICT,
+                    "AlreadyExists",
+                    format!("leases.coordination.k8s.io {name:?} already exists"),
+                    &name,
+                );
+            }
+            g.version += 1;
+            let meta = &mut obj["metadata"];
+            meta["namespace"] = json!(ns);
+            meta["resourceVersion"] = json!(g.version.to_string());
+            meta["uid"] = json!(format!("uid-{name}-{}", g.version));
+            obj["apiVersion"] = json!("coordination.k8s.io/v1");
+            obj["kind"] = json!("Lease");
+            g.leases.insert(key, obj.clone());
+            (StatusCode::CREATED, axum::Json(obj)).into_response()
+        }
+        (Method::PUT, Some(url_name)) => {
+            g.stats.updates += 1;
+            let mut obj = match parse_body(&mut g) {
+                Ok(o) => o,
+                Err(r) => return *r,
+            };
+            let name = match validate(&obj, &ns, Some(&url_name)) {
+                Ok(n) => n,
+                Err((c, r, m)) => return reject(&mut g, c, r, m, &url_name),
+            };
+            let key = (ns.clone(), name.clone());
+            let Some(stored) = g.leases.get(&key).cloned() else {
+                return reject(
+                    &mut g,
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("leases.coordination.k8s.io {name:?} not found"),
+                    &name,
+                );
+            };
+            let sent_rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_string();
+            if sent_rv.is_empty() {
+                return reject(&mut g, StatusCode::UNPROCESSABLE_ENTITY, "Invalid", format!("Lease.coordination.k8s.io {name:?} is invalid: metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"), &name);
+            }
+            let modified = || {
+                format!("Operation cannot be fulfilled on leases.coordination.k8s.io {name:?}: the object has been modified; please apply your changes to the latest version and try again")
+            };
+            if g.inject_conflicts > 0 {
+                g.inject_conflicts -= 1;
+                return reject(&mut g, StatusCode::CONFLICT, "Conflict", modified(), &name);
+            }
+            if stored["metadata"]["resourceVersion"].as_str() != Some(sent_rv.as_str()) {
+                return reject(&mut g, StatusCode::CONFLICT, "Conflict", modified(), &name);
+            }
+            g.version += 1;
+            obj["metadata"]["namespace"] = json!(ns);
+            obj["metadata"]["resourceVersion"] = json!(g.version.to_string());
+            obj["metadata"]["uid"] = stored["metadata"]["uid"].clone();
+            obj["apiVersion"] = json!("coordination.k8s.io/v1");
+            obj["kind"] = json!("Lease");
+            g.leases.insert(key, obj.clone());
+            (StatusCode::OK, axum::Json(obj)).into_response()
+        }
+        (m, _) => reject(
+            &mut g,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("{m} is not supported here"),
+            "",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_micro_time;
+
+    #[test]
+    fn micro_time_needs_exactly_six_digits() {
+        assert!(is_micro_time("2024-05-01T12:00:00.123456Z"));
+        assert!(is_micro_time("2024-05-01T12:00:00.123456+02:00"));
+        assert!(!is_micro_time("2024-05-01T12:00:00.123Z"));
+        assert!(!is_micro_time("2024-05-01T12:00:00.123456789Z"));
+        assert!(!is_micro_time("2024-05-01T12:00:00Z"));
+        assert!(!is_micro_time("2024-05-01 12:00:00.123456Z"));
+    }
+}
