@@ -15,6 +15,7 @@ pub mod plan;
 pub mod policy;
 pub mod proxy;
 pub mod quickstart;
+pub mod reload;
 pub mod report;
 pub mod sim;
 pub mod source;

@@ -8,9 +8,10 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use llm_load_controller::config::{self, LogFormat};
 use llm_load_controller::controller::{self, Controller, Output};
+use llm_load_controller::leader::{self, Leadership};
 use llm_load_controller::quickstart::QuickStart;
 use llm_load_controller::telemetry::Telemetry;
-use llm_load_controller::{adapters, bench, demo, proxy, sim};
+use llm_load_controller::{adapters, bench, demo, proxy, reload, sim};
 
 #[derive(Parser)]
 #[command(
@@ -145,8 +146,13 @@ fn check(path: &std::path::Path) -> ExitCode {
 }
 
 async fn run(args: RunArgs) -> ExitCode {
+    // With a config file, its bytes are kept to notice changes (live reload).
+    let mut file_text = None;
     let cfg = match &args.config {
-        Some(path) => config::load(path),
+        Some(path) => reload::read(path).map(|(cfg, text)| {
+            file_text = Some(text);
+            cfg
+        }),
         None if args.scrape.is_some() || args.prometheus.is_some() => QuickStart {
             scrape: args.scrape.clone(),
             prometheus: args.prometheus.clone(),
@@ -180,17 +186,32 @@ async fn run(args: RunArgs) -> ExitCode {
 
     let telemetry = Telemetry::new(cfg.interval, cfg.unready_after_cycles);
     let ctx = adapters::SinkContext::default();
-    let controller = match Controller::new(&cfg, telemetry.clone(), args.dry_run, &ctx) {
+    let mut controller = match Controller::new(&cfg, telemetry.clone(), args.dry_run, &ctx) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
+    // Several replicas: only the Lease holder pushes. A dry run pushes nothing, so it never takes
+    // the Lease from a live controller.
+    let leadership = match leader::elector_from_config(&cfg.leader_election) {
+        _ if args.dry_run => Leadership::single(),
+        Ok(None) => Leadership::single(),
+        Ok(Some(e)) if args.once => Leadership::single_round(e).await,
+        Ok(Some(e)) => Leadership::spawn(e),
+        Err(e) => {
+            eprintln!("error: leader election: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    leadership.report_to(telemetry.clone());
+    controller.set_leadership(leadership.subscribe());
     let listener = match tokio::net::TcpListener::bind(cfg.listen).await {
         Ok(l) => l,
         Err(e) => {
             eprintln!("error: cannot listen on {}: {e}", cfg.listen);
+            leadership.stop().await;
             return ExitCode::from(2);
         }
     };
@@ -199,8 +220,16 @@ async fn run(args: RunArgs) -> ExitCode {
     let app = telemetry.router().merge(ctx.eds.clone().router());
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let ok = controller::run(controller, output, args.once, shutdown_signal()).await;
+    let ok = match (&args.config, file_text) {
+        (Some(path), Some(text)) if !args.once => {
+            let builder =
+                reload::Builder { telemetry, dry_run: args.dry_run, ctx, leader: leadership.subscribe() };
+            reload::run(controller, cfg, path, text, builder, output, shutdown_signal()).await
+        }
+        _ => controller::run(controller, output, args.once, shutdown_signal()).await,
+    };
     server.abort();
+    leadership.stop().await;
     tracing::info!("controller stopped");
     if ok || !args.once {
         ExitCode::SUCCESS
