@@ -1,5 +1,5 @@
 //! The demo's load generator: Poisson arrivals of streaming completions with ShareGPT-like lengths,
-//! each sent to the server the current picker chooses, with time to first token measured at the client.
+//! sent to the reference proxy, with time to first token measured at the client.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -8,8 +8,6 @@ use futures::StreamExt;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Exp, LogNormal};
-
-use crate::picker::Picker;
 
 /// One finished (or failed) request.
 #[derive(Debug, Clone)]
@@ -53,9 +51,8 @@ pub struct Control {
 
 /// Send requests until `control.stop`, recording each outcome.
 pub async fn generate(
-    urls: Vec<String>,
+    url: String,
     model: String,
-    picker: Arc<Mutex<Picker>>,
     control: Arc<Mutex<Control>>,
     lengths: Lengths,
     seed: u64,
@@ -75,14 +72,7 @@ pub async fn generate(
         let gap = Exp::new(rate.max(0.01)).map(|d| d.sample(&mut rng)).unwrap_or(1.0);
         tokio::time::sleep(Duration::from_secs_f64(gap)).await;
         let (prompt_tokens, max_tokens) = lengths.sample(&mut rng);
-        let Some(replica) = picker.lock().ok().and_then(|mut p| {
-            let i = p.pick(|_| true)?;
-            p.started(i);
-            Some(i)
-        }) else {
-            continue;
-        };
-        let url = format!("{}/v1/completions", urls[replica]);
+        let url = format!("{url}/v1/completions");
         let body = serde_json::json!({
             "model": model,
             // The simulator counts one token per four characters.
@@ -91,12 +81,9 @@ pub async fn generate(
             "ignore_eos": true,
             "stream": true,
         });
-        let (client, picker, outcomes) = (client.clone(), picker.clone(), outcomes.clone());
+        let (client, outcomes) = (client.clone(), outcomes.clone());
         tasks.spawn(async move {
             let o = one_request(&client, &url, &body, phase).await;
-            if let Ok(mut p) = picker.lock() {
-                p.finished(replica);
-            }
             if let Ok(mut v) = outcomes.lock() {
                 v.push(o);
             }

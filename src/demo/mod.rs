@@ -1,10 +1,12 @@
 //! `llm-load-controller demo`: the whole idea, live on loopback, in one command.
 //!
 //! It starts a heterogeneous simulated vLLM fleet (one replica much slower, like an older GPU), the
-//! controller scraping it directly, and a load generator that sends streaming completions through a
-//! weighted picker (smooth weighted round robin, the `ratio` balancer):
-//! 1. **round robin**: equal weights; the slow replica's queue and KV cache fill while others idle;
-//! 2. **dynamic ratios**: the controller starts and its ratios become the weights; load evens out;
+//! reference proxy in front of it (smooth weighted round robin, the `ratio` balancer), the
+//! controller scraping the fleet directly and pushing ratios to the proxy through its `webhook` sink,
+//! and a load generator that sends streaming completions to the proxy:
+//! 1. **round robin**: the controller is not running, the proxy's weights are equal; the slow
+//!    replica's queue and KV cache fill while others idle;
+//! 2. **dynamic ratios**: the controller starts and pushes its ratios; load evens out;
 //! 3. **spike**: the arrival rate jumps; the ratios readjust.
 //!
 //! A terminal view shows per-replica KV usage, queue and ratio while it runs; at the end it prints a
@@ -23,7 +25,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::controller::{self, Controller, Output};
-use crate::picker::{Algorithm, Picker};
+use crate::proxy::{self, ProxyHandle};
 use crate::sim::{start_fleet, FleetConfig, ModelProfile, OutputLen};
 use crate::telemetry::Telemetry;
 use load::{Control, Lengths, Outcome};
@@ -105,19 +107,19 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     fleet_cfg.output_len = OutputLen { median: LENGTHS.output_median, sigma: LENGTHS.output_sigma };
     fleet_cfg.seed = args.seed;
     let fleet = start_fleet(fleet_cfg).await.context("starting the simulated fleet")?;
-    let urls = fleet.urls();
     let members: Vec<String> = fleet.addrs().iter().map(|a| a.to_string()).collect();
     let n = members.len();
 
     let capacity: f64 = args.speeds.iter().map(|s| s * REPLICA_CAPACITY_RPS).sum();
     let base_rate = capacity * args.load;
-    let picker = Arc::new(Mutex::new(Picker::new(Algorithm::WeightedRoundRobin, n, args.seed)));
+    let proxy = start_proxy(&members, args.seed).await?;
+    let proxy_url = format!("http://{}", proxy.addr());
+    let webhook = format!("http://{}/admin/ratios", proxy.admin_addr());
     let control = Arc::new(Mutex::new(Control { phase: 0, rate: base_rate, stop: false }));
     let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
     let generator = tokio::spawn(load::generate(
-        urls.clone(),
+        proxy_url.clone(),
         profile.model.clone(),
-        picker.clone(),
         control.clone(),
         LENGTHS,
         args.seed,
@@ -134,7 +136,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     tokio::pin!(ctrl_c);
     let mut interrupted = false;
     println!(
-        "demo: {n} simulated replicas (speeds {:?}) on {}; ~{:.1} req/s ({:.0}% of capacity), spike x{}; {:?} per phase",
+        "demo: {n} simulated replicas (speeds {:?}) on {}, proxy {proxy_url}; ~{:.1} req/s ({:.0}% of capacity), spike x{}; {:?} per phase",
         args.speeds,
         members.join(", "),
         base_rate,
@@ -160,15 +162,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         // Phase 2 starts the controller: a fresh policy, so nothing learnt while its ratios were
         // ignored carries over.
         if phase >= 1 && controller_task.is_none() {
-            controller_task = Some(start_controller(&members)?);
+            controller_task = Some(start_controller(&members, &webhook)?);
         }
-        let weights = match &controller_task {
-            Some((_, _, tel)) => ratios_from(tel, &members),
-            None => vec![1; n],
-        };
-        if let Ok(mut p) = picker.lock() {
-            p.set_weights(&weights);
-        }
+        let weights = weights_in_proxy(&proxy, &members);
         let stats: Vec<_> = (0..n).filter_map(|i| fleet.stats(i).ok()).collect();
         let tick = Tick {
             t: t.as_secs_f64(),
@@ -187,10 +183,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         c.stop = true;
     }
     let _ = generator.await;
-    if let Some((task, stop, _)) = controller_task {
+    if let Some((task, stop)) = controller_task {
         let _ = stop.send(());
         let _ = task.await;
     }
+    proxy.shutdown().await;
     fleet.shutdown().await;
 
     let done = outcomes.lock().map(|o| o.clone()).unwrap_or_default();
@@ -205,11 +202,37 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-type ControllerTask = (tokio::task::JoinHandle<bool>, tokio::sync::oneshot::Sender<()>, Arc<Telemetry>);
+type ControllerTask = (tokio::task::JoinHandle<bool>, tokio::sync::oneshot::Sender<()>);
 
-/// The real controller, in-process: direct scrape every second, feedback policy, dry-run sink (the
-/// demo reads its ratios from the same `/v1/ratios` data a proxy would get).
-fn start_controller(members: &[String]) -> anyhow::Result<ControllerTask> {
+/// The reference proxy in front of the fleet: one pool, every request routed to it, smooth weighted
+/// round robin so the weights alone decide the split.
+async fn start_proxy(members: &[String], seed: u64) -> anyhow::Result<ProxyHandle> {
+    let doc = serde_json::json!({
+        "algorithm": "weighted-round-robin",
+        "seed": seed,
+        "pools": [{"name": "demo", "members": members}],
+        "routes": {"steps": [{"id": "all", "field": "model", "op": "exists", "match": {"pool": "demo"}, "miss": {"pool": "demo"}}]},
+    });
+    let loaded = proxy::config::parse(std::path::Path::new("<demo proxy>"), &doc.to_string())
+        .map_err(|e| anyhow::anyhow!("demo proxy config: {e}"))?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("proxy listener")?;
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("proxy admin listener")?;
+    proxy::start_loaded(loaded, listener, admin).await.map_err(|e| anyhow::anyhow!("starting the proxy: {e}"))
+}
+
+/// The weights the proxy applies now, in member order.
+fn weights_in_proxy(proxy: &ProxyHandle, members: &[String]) -> Vec<u32> {
+    let pools = proxy.pools();
+    let Some(pool) = pools.first() else { return vec![1; members.len()] };
+    members
+        .iter()
+        .map(|m| pool.members.iter().find(|v| v.member.as_str() == m).map(|v| v.weight).unwrap_or(1))
+        .collect()
+}
+
+/// The real controller, in-process: direct scrape, feedback policy, ratios pushed to the proxy by
+/// the `webhook` sink, exactly as a deployment would.
+fn start_controller(members: &[String], webhook: &str) -> anyhow::Result<ControllerTask> {
     let doc = serde_json::json!({
         "interval": "2s",
         "listen": "127.0.0.1:0",
@@ -220,26 +243,19 @@ fn start_controller(members: &[String]) -> anyhow::Result<ControllerTask> {
             "members": {"static": members},
             "stale_after": "6s",
             "grace": "4s",
-            "policy": {"kind": "feedback", "gain": 0.3, "smoothing": 0.4, "max_step": 0.2},
+            // Behind round robin, load alone shows who is slow; processing time would count the slow
+            // GPU twice (latency_weight is for least-connections balancers, where it is the only sign).
+            "policy": {"kind": "feedback", "gain": 0.3, "smoothing": 0.4, "max_step": 0.2, "latency_weight": 0.0},
+            "sink": {"kind": "webhook", "url": webhook},
         }],
     });
     let cfg = crate::config::parse(std::path::Path::new("<demo>"), &doc.to_string())
         .map_err(|e| anyhow::anyhow!("demo controller config: {e}"))?;
     let telemetry = Telemetry::new(cfg.interval, cfg.unready_after_cycles);
-    let ctl = Controller::new(&cfg, telemetry.clone(), true, &Default::default())?;
+    let ctl = Controller::new(&cfg, telemetry.clone(), false, &Default::default())?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(controller::run(ctl, Output::Quiet, false, async move {
         let _ = rx.await;
     }));
-    Ok((task, tx, telemetry))
-}
-
-/// The controller's latest ratios in member order; equal until its first cycle.
-fn ratios_from(t: &Telemetry, members: &[String]) -> Vec<u32> {
-    let Some(report) = t.last_report() else { return vec![1; members.len()] };
-    let Some(pool) = report.pools.first() else { return vec![1; members.len()] };
-    members
-        .iter()
-        .map(|m| pool.members.iter().find(|r| &r.member == m).map(|r| r.ratio).unwrap_or(1).max(1))
-        .collect()
+    Ok((task, tx))
 }
