@@ -14,14 +14,14 @@ use super::fleet::{RunOutcome, Series};
 use super::ScenarioRun;
 
 /// Longest polyline drawn: series are thinned to this many points.
-const MAX_POINTS: usize = 720;
+const MAX_POINTS: usize = 400;
 
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing failed: {e:?}")
 }
 
 fn color(i: usize) -> RGBColor {
-    // Okabe-Ito, readable by colour-blind readers, then a few more.
+    // Okabe-Ito without its yellow (unreadable on white), readable by colour-blind readers.
     const C: &[RGBColor] = &[
         RGBColor(0, 114, 178),
         RGBColor(230, 159, 0),
@@ -29,7 +29,6 @@ fn color(i: usize) -> RGBColor {
         RGBColor(204, 121, 167),
         RGBColor(86, 180, 233),
         RGBColor(213, 94, 0),
-        RGBColor(240, 228, 66),
         RGBColor(0, 0, 0),
         RGBColor(128, 128, 128),
     ];
@@ -90,36 +89,45 @@ fn kv_queue(path: &Path, run: &ScenarioRun) -> anyhow::Result<bool> {
     top.titled(&format!("{}: KV usage and queue per replica", title(run)), ("sans-serif", 22))
         .map_err(err)?;
     let max_wait = rows.iter().flat_map(|(_, s)| s.waiting.iter().flatten()).fold(1.0f32, |a, &b| a.max(b));
+    // One time axis for every panel, so rows line up even when one balancer drains longer.
+    let t_max = rows.iter().filter_map(|(_, s)| s.t.last().copied()).fold(1.0f32, f32::max);
     let cells = body.split_evenly((rows.len(), 2));
     for (k, (o, s)) in rows.iter().enumerate() {
         let name = &o.result.balancer;
-        panel(&cells[2 * k], run, s, &s.kv, &format!("{name}: KV usage"), 1.0, k == 0)?;
-        panel(
-            &cells[2 * k + 1],
-            run,
-            s,
-            &s.waiting,
-            &format!("{name}: waiting requests"),
-            max_wait * 1.05,
-            false,
-        )?;
+        let kv =
+            Panel { data: &s.kv, caption: format!("{name}: KV usage"), y_max: 1.0, t_max, legend: k == 0 };
+        panel(&cells[2 * k], run, s, &kv)?;
+        let q = Panel {
+            data: &s.waiting,
+            caption: format!("{name}: waiting requests"),
+            y_max: max_wait * 1.05,
+            t_max,
+            legend: false,
+        };
+        panel(&cells[2 * k + 1], run, s, &q)?;
     }
     root.present().map_err(err)?;
     Ok(true)
+}
+
+/// One panel of per-replica lines.
+struct Panel<'a> {
+    data: &'a [Vec<f32>],
+    caption: String,
+    y_max: f32,
+    t_max: f32,
+    legend: bool,
 }
 
 fn panel(
     area: &DrawingArea<SVGBackend, Shift>,
     run: &ScenarioRun,
     s: &Series,
-    data: &[Vec<f32>],
-    caption: &str,
-    y_max: f32,
-    legend: bool,
+    p: &Panel,
 ) -> anyhow::Result<()> {
-    let t_max = s.t.last().copied().unwrap_or(1.0).max(1.0);
+    let (data, y_max, t_max, legend) = (p.data, p.y_max, p.t_max, p.legend);
     let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 16))
+        .caption(&p.caption, ("sans-serif", 16))
         .margin(8)
         .x_label_area_size(28)
         .y_label_area_size(48)
@@ -220,7 +228,7 @@ fn weights(path: &Path, run: &ScenarioRun) -> anyhow::Result<bool> {
     top.titled(&format!("{}: the controller's ratios", title(run)), ("sans-serif", 22)).map_err(err)?;
     let cells = body.split_evenly((rows.len(), 1));
     for (k, (o, s)) in rows.iter().enumerate() {
-        let t_max = s.weight_t.last().copied().unwrap_or(1.0).max(1.0);
+        let t_max = run.report.duration_s as f32;
         let y_max = s.weights.iter().flatten().copied().max().unwrap_or(1) as f32 * 1.1;
         let mut chart = ChartBuilder::on(&cells[k])
             .caption(format!("{} ratios", o.result.balancer), ("sans-serif", 16))
@@ -233,7 +241,13 @@ fn weights(path: &Path, run: &ScenarioRun) -> anyhow::Result<bool> {
         let n = s.weights.first().map(|w| w.len()).unwrap_or(0);
         for r in 0..n {
             let c = color(r);
-            let pts = s.weight_t.iter().zip(&s.weights).map(|(&t, w)| (t, w[r] as f32));
+            // After the window the pool drains and goes idle: not what the ratios are about.
+            let pts = s
+                .weight_t
+                .iter()
+                .zip(&s.weights)
+                .filter(|(&t, _)| f64::from(t) <= run.report.duration_s)
+                .map(|(&t, w)| (t, w[r] as f32));
             let drawn = chart.draw_series(LineSeries::new(pts, c.stroke_width(2))).map_err(err)?;
             if k == 0 {
                 drawn
