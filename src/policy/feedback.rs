@@ -14,7 +14,7 @@
 //! effect: a backlog drains at the server's own pace, and integrating on regardless would cut the
 //! ratio far below the server's capacity), ratios
 //! are rescaled so the pool mean sits at the middle of the range (nothing winds up against a bound),
-//! and a change smaller than `deadband` (relative) is not pushed at all. When the whole pool is idle
+//! and when no member would change by `deadband` (relative) or more, nothing changes at all. When the whole pool is idle
 //! there is nothing to learn from, and every member gets the same ratio.
 
 use std::collections::BTreeMap;
@@ -208,19 +208,22 @@ impl Feedback {
             }
         }
 
+        // The deadband is pool-wide: when no member would move by `deadband` or more, nobody moves
+        // (nothing is pushed); otherwise everyone takes the new value. Deciding per member would let
+        // rounding and hysteresis swap the order of two members whose loads are in the other order.
+        // An idle pool must come out exactly equal, so the deadband does not apply there.
+        let quiet = !idle
+            && next.iter().all(|(m, v)| match self.last.get(m) {
+                Some(&prev) if prev > 0 => {
+                    ((range.clamp(*v) as f64 - prev as f64).abs() / prev as f64) < p.deadband
+                }
+                _ => false,
+            });
         let mut out = BTreeMap::new();
         for (m, v) in next {
-            let candidate = range.clamp(v);
-            // An idle pool must come out exactly equal, so the deadband does not apply there.
-            let r = match self.last.get(&m).copied() {
-                Some(prev)
-                    if !idle
-                        && prev > 0
-                        && ((candidate as f64 - prev as f64).abs() / prev as f64) < p.deadband =>
-                {
-                    prev
-                }
-                _ => candidate,
+            let r = match self.last.get(&m) {
+                Some(&prev) if quiet => prev,
+                _ => range.clamp(v),
             };
             self.level.insert(m.clone(), v);
             self.last.insert(m.clone(), r);
