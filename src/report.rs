@@ -22,7 +22,7 @@ pub struct PoolReport {
     pub policy: &'static str,
     pub sink: &'static str,
     /// What happened to the push: `pushed`, `unchanged`, `dry_run`, `held` (fail-static), `backoff`,
-    /// `refused_drain`, or `error`.
+    /// `refused_drain`, `follower` (another replica holds the leader lease), or `error`.
     pub push: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub saturation: Option<f64>,

@@ -90,7 +90,7 @@ impl PrometheusSource {
     pub async fn sample(&self, pools: &[&PoolQuery]) -> Vec<Result<Snapshot, SourceError>> {
         let token = match self.token() {
             Ok(t) => t,
-            Err(e) => return pools.iter().map(|_| Err(SourceError::Config(e.to_string()))).collect(),
+            Err(e) => return pools.iter().map(|_| Err(e.clone())).collect(),
         };
         // Each distinct query once, however many pools need it.
         let distinct: BTreeSet<&str> =
