@@ -103,7 +103,11 @@ fn half_load_on_equal_replicas_rejects_nobody() {
 
 #[test]
 fn round_robin_on_mixed_speeds_spreads_kv_more_than_ratio_least_request() {
-    let r = report(&args("heterogeneous", 0.85, &["round-robin", "ratio-least-request"]));
+    let mut a = args("heterogeneous", 0.85, &["round-robin", "ratio-least-request"]);
+    // The feedback parameters src/bench/RESULTS.md recommends (explicit, so the test does not move
+    // when the shipped defaults do).
+    a.policy_params = ["gain=0.05", "queue_norm=256", "smoothing=1"].map(String::from).to_vec();
+    let r = report(&a);
     let rr = result(&r, "round-robin");
     let rlr = result(&r, "ratio-least-request");
     assert!(

@@ -5,9 +5,12 @@
 //! - `StepEnd(r)`: replica `r`'s engine step is over. The step was planned when it started
 //!   ([`Engine::step_into`], the code `sim` runs); its events take effect now. The next step starts
 //!   at once if the engine has work, as vLLM's engine loop does;
-//! - `Scrape(r)`: the metrics pipeline records replica `r`'s gauges (waiting, running, KV usage). With
-//!   Prometheus every target has its own phase inside the scrape interval, as Prometheus spreads
-//!   targets; the controller sees the last recorded value and its age;
+//! - `Scrape(r)`: the metrics pipeline records replica `r`'s gauges (waiting, running, KV usage) and
+//!   its end-to-end latency histogram's sum and count. With Prometheus every target has its own phase
+//!   inside the scrape interval, as Prometheus spreads targets; the controller sees the last recorded
+//!   value and its age. The mean processing time is the histogram's growth over the latency window
+//!   (Prometheus: `rate(sum[1m]) / rate(count[1m])`, the first and last scrape inside the minute;
+//!   direct scrape: since the previous cycle), and absent when no request finished in it;
 //! - `Push`: one control cycle: [`PoolPolicy::compute`] on the recorded samples (exactly what the
 //!   controller runs), and the balancer gets the ratios at once;
 //! - `EppRefresh`: the endpoint picker copies every replica's gauges (every 50 ms);
@@ -56,6 +59,9 @@ pub struct Signals {
     /// The controller's `stale_after` and `grace` (its defaults: 60 s and 30 s).
     pub stale_after_s: f64,
     pub grace_s: f64,
+    /// Window of the mean processing time: Prometheus' `rate_window` (60 s), or one cycle for a
+    /// direct scrape.
+    pub latency_window_s: f64,
 }
 
 impl Signals {
@@ -67,11 +73,12 @@ impl Signals {
             epp_refresh_s: 0.05,
             stale_after_s: 60.0,
             grace_s: 30.0,
+            latency_window_s: 60.0,
         }
     }
 
     pub fn direct() -> Signals {
-        Signals { source: "direct", scrape_interval_s: 1.0, ..Signals::prometheus() }
+        Signals { source: "direct", scrape_interval_s: 1.0, latency_window_s: 5.0, ..Signals::prometheus() }
     }
 }
 
@@ -195,8 +202,13 @@ struct Replica {
     busy: bool,
     /// Events of the step in progress; they take effect at its end.
     pending: Vec<EngineEvent>,
-    /// Last scrape: gauges and when they were taken.
-    sample: Option<(EngineStats, f64)>,
+    /// Last scrape: gauges, when they were taken, and the mean processing time over the window.
+    sample: Option<(EngineStats, f64, Option<f64>)>,
+    /// The server's e2e latency histogram, as its `_sum` and `_count` would say.
+    e2e_sum: f64,
+    e2e_count: u64,
+    /// Scrapes of (time, sum, count) still inside the latency window.
+    scraped: VecDeque<(f64, f64, u64)>,
 }
 
 struct Sim<'a> {
@@ -261,7 +273,15 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
         let profile = replica_profile(&spec.profile, kv);
         let mut engine = Engine::new(&profile, speed).map_err(|e| e.to_string())?;
         engine.set_token_events(true);
-        reps.push(Replica { engine, busy: false, pending: Vec::with_capacity(512), sample: None });
+        reps.push(Replica {
+            engine,
+            busy: false,
+            pending: Vec::with_capacity(512),
+            sample: None,
+            e2e_sum: 0.0,
+            e2e_count: 0,
+            scraped: VecDeque::new(),
+        });
     }
     let sig = &spec.signals;
     let policy = spec.balancer.uses_ratios().then(|| {
@@ -395,8 +415,7 @@ impl Sim<'_> {
                 Ev::Arrival => self.arrival(),
                 Ev::StepEnd(r) => self.step_end(r as usize),
                 Ev::Scrape(r) => {
-                    let rep = &mut self.reps[r as usize];
-                    rep.sample = Some((rep.engine.stats(), self.now));
+                    self.scrape(r as usize);
                     let t = self.now + self.spec.signals.scrape_interval_s;
                     self.at(t, Ev::Scrape(r));
                 }
@@ -507,6 +526,9 @@ impl Sim<'_> {
                 }
                 EngineEvent::Finished { id, .. } => {
                     let q = self.reqs[id as usize];
+                    let rep = &mut self.reps[r];
+                    rep.e2e_sum += now - q.arrival;
+                    rep.e2e_count += 1;
                     if q.measured {
                         self.e2e.push((now - q.arrival) as f32);
                         self.completed += 1;
@@ -543,6 +565,21 @@ impl Sim<'_> {
         self.release(id, r, true);
     }
 
+    fn scrape(&mut self, r: usize) {
+        let now = self.now;
+        let window = self.spec.signals.latency_window_s;
+        let rep = &mut self.reps[r];
+        rep.scraped.push_back((now, rep.e2e_sum, rep.e2e_count));
+        // Drop scrapes that left the window: rate() uses the first and the last sample inside it.
+        while rep.scraped.len() > 1 && rep.scraped[0].0 <= now - window {
+            rep.scraped.pop_front();
+        }
+        let (_, sum0, count0) = rep.scraped[0];
+        let latency =
+            (rep.e2e_count > count0).then(|| (rep.e2e_sum - sum0) / (rep.e2e_count - count0) as f64);
+        rep.sample = Some((rep.engine.stats(), now, latency));
+    }
+
     fn push(&mut self) {
         let now = self.now;
         let Some(policy) = self.policy.as_mut() else { return };
@@ -552,11 +589,11 @@ impl Sim<'_> {
                 .iter()
                 .zip(&self.reps)
                 .map(|(m, rep)| {
-                    let sample = rep.sample.map(|(s, at)| Sample {
+                    let sample = rep.sample.map(|(s, at, latency)| Sample {
                         waiting: f64::from(s.waiting),
                         running: f64::from(s.running),
                         kv_usage: Some(s.kv_usage),
-                        latency: None,
+                        latency,
                         age: Duration::from_secs_f64((now - at).max(0.0)),
                     });
                     (m.clone(), sample)

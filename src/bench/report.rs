@@ -166,6 +166,7 @@ pub fn sweep_markdown(reports: &[ScenarioReport]) -> String {
                 .map(|n| {
                     let v = find(r, n);
                     let rel = |base: Option<f64>| match (v, base) {
+                        (Some(v), Some(b)) if b > 0.0 && v / b < 0.01 => "<0.01x".to_string(),
                         (Some(v), Some(b)) if b > 0.0 => format!("{:.2}x", v / b),
                         _ => "-".into(),
                     };
