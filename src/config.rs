@@ -314,40 +314,48 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     parse(path, &text)
 }
 
-/// Parse and validate config text; `path` is only used in messages.
-pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
+/// Deserialize a YAML document strictly, turning the first error into a [`ConfigError`] with the
+/// line and column the YAML parser knows and the field path. Shared by every config file we read.
+pub fn deserialize_yaml<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigErrors> {
     let de = serde_yaml_ng::Deserializer::from_str(text);
-    let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+    serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
         let inner = e.into_inner();
         let location = inner.location().map(|l| (l.line(), l.column()));
-        // The YAML crate prefixes its message with the field path and position it knows; we print both
-        // ourselves, so keep just the description.
+        // The YAML crate decorates its message with the position and (part of) the field path; we
+        // print both ourselves, so keep just the description.
         let mut message = inner.to_string();
         if let Some(idx) = message.find(" at line ") {
             message.truncate(idx);
         }
         let field = if field == "." { String::new() } else { field };
-        if let Some(stripped) = message.strip_prefix(&format!("{field}: ")) {
-            message = stripped.to_string();
+        if let Some((head, rest)) = message.split_once(": ") {
+            if !head.is_empty() && field.starts_with(head) {
+                message = rest.to_string();
+            }
         }
         ConfigErrors(vec![ConfigError { file: path.to_path_buf(), location, field, message }])
-    })?;
+    })
+}
+
+/// `(field, message)` problems as errors of the file at `path`.
+pub fn problems_in(path: &Path, problems: Vec<(String, String)>) -> ConfigErrors {
+    ConfigErrors(
+        problems
+            .into_iter()
+            .map(|(field, message)| ConfigError { file: path.to_path_buf(), location: None, field, message })
+            .collect(),
+    )
+}
+
+/// Parse and validate config text; `path` is only used in messages.
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
+    let config: Config = deserialize_yaml(path, text)?;
     let problems = config.validate();
     if problems.is_empty() {
         Ok(config)
     } else {
-        Err(ConfigErrors(
-            problems
-                .into_iter()
-                .map(|(field, message)| ConfigError {
-                    file: path.to_path_buf(),
-                    location: None,
-                    field,
-                    message,
-                })
-                .collect(),
-        ))
+        Err(problems_in(path, problems))
     }
 }
 

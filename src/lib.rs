@@ -17,6 +17,7 @@ pub mod proxy;
 pub mod quickstart;
 pub mod reload;
 pub mod report;
+pub mod signal;
 pub mod sim;
 pub mod source;
 pub mod telemetry;

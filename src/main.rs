@@ -224,9 +224,10 @@ async fn run(args: RunArgs) -> ExitCode {
         (Some(path), Some(text)) if !args.once => {
             let builder =
                 reload::Builder { telemetry, dry_run: args.dry_run, ctx, leader: leadership.subscribe() };
-            reload::run(controller, cfg, path, text, builder, output, shutdown_signal()).await
+            reload::run(controller, cfg, path, text, builder, output, llm_load_controller::signal::shutdown())
+                .await
         }
-        _ => controller::run(controller, output, args.once, shutdown_signal()).await,
+        _ => controller::run(controller, output, args.once, llm_load_controller::signal::shutdown()).await,
     };
     server.abort();
     leadership.stop().await;
@@ -235,27 +236,5 @@ async fn run(args: RunArgs) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    }
-}
-
-/// SIGINT or SIGTERM (what Kubernetes sends before killing the pod).
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => tracing::info!("SIGINT received, stopping"),
-        _ = term => tracing::info!("SIGTERM received, stopping"),
     }
 }

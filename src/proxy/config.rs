@@ -244,37 +244,8 @@ fn one(path: &Path, field: String, message: String) -> ConfigErrors {
 
 /// Parse and validate config text; `path` is only used in messages.
 pub fn parse(path: &Path, text: &str) -> Result<Loaded, ConfigErrors> {
-    let de = serde_yaml_ng::Deserializer::from_str(text);
-    let config: ProxyConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
-        let inner = e.into_inner();
-        let location = inner.location().map(|l| (l.line(), l.column()));
-        let mut message = inner.to_string();
-        if let Some(idx) = message.find(" at line ") {
-            message.truncate(idx);
-        }
-        let field = if field == "." { String::new() } else { field };
-        // The YAML crate may prefix the message with (part of) the field path; we print it once.
-        if let Some((head, rest)) = message.split_once(": ") {
-            if !head.is_empty() && field.starts_with(head) {
-                message = rest.to_string();
-            }
-        }
-        ConfigErrors(vec![ConfigError { file: path.to_path_buf(), location, field, message }])
-    })?;
-    config.compile().map_err(|problems| {
-        ConfigErrors(
-            problems
-                .into_iter()
-                .map(|(field, message)| ConfigError {
-                    file: path.to_path_buf(),
-                    location: None,
-                    field,
-                    message,
-                })
-                .collect(),
-        )
-    })
+    let config: ProxyConfig = crate::config::deserialize_yaml(path, text)?;
+    config.compile().map_err(|problems| crate::config::problems_in(path, problems))
 }
 
 impl ProxyConfig {

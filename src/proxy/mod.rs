@@ -261,31 +261,10 @@ async fn serve(path: &std::path::Path) -> anyhow::Result<()> {
     let handle = start_loaded(l, listener, admin).await?;
     tracing::info!(listen = %handle.addr(), admin = %handle.admin_addr(), pools, steps, "proxy started");
     println!("proxy: listening on http://{} (admin http://{})", handle.addr(), handle.admin_addr());
-    shutdown_signal().await;
+    crate::signal::shutdown().await;
     handle.shutdown().await;
     tracing::info!("proxy stopped");
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
 }
 
 /// A short description of a loaded config: pools and steps.
