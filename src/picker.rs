@@ -30,7 +30,12 @@ pub enum Algorithm {
 
 impl Algorithm {
     pub fn uses_weights(self) -> bool {
-        matches!(self, Algorithm::WeightedRoundRobin | Algorithm::WeightedLeastRequest | Algorithm::WeightedLeastRequestP2c)
+        matches!(
+            self,
+            Algorithm::WeightedRoundRobin
+                | Algorithm::WeightedLeastRequest
+                | Algorithm::WeightedLeastRequestP2c
+        )
     }
 }
 
@@ -176,7 +181,11 @@ impl Picker {
     }
 
     /// Lowest `key` among eligible members; ties broken at random so equal members share evenly.
-    fn least_by(&mut self, key: impl Fn(&Slot) -> f64, ok: &impl Fn(usize, &[Slot]) -> bool) -> Option<usize> {
+    fn least_by(
+        &mut self,
+        key: impl Fn(&Slot) -> f64,
+        ok: &impl Fn(usize, &[Slot]) -> bool,
+    ) -> Option<usize> {
         let mut best = f64::INFINITY;
         let mut ties: Vec<usize> = Vec::new();
         for i in 0..self.slots.len() {
@@ -254,7 +263,11 @@ mod tests {
 
     #[test]
     fn weight_zero_members_get_nothing_unless_everyone_is_zero() {
-        for algo in [Algorithm::WeightedRoundRobin, Algorithm::WeightedLeastRequest, Algorithm::WeightedLeastRequestP2c] {
+        for algo in [
+            Algorithm::WeightedRoundRobin,
+            Algorithm::WeightedLeastRequest,
+            Algorithm::WeightedLeastRequestP2c,
+        ] {
             let mut p = Picker::new(algo, 3, 3);
             p.set_weights(&[0, 2, 2]);
             assert_eq!(counts(&mut p, 100, true)[0], 0, "{algo:?}");

@@ -13,7 +13,8 @@ use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 fn source(url: &str) -> PrometheusSource {
-    let cfg: PrometheusConfig = serde_yaml_ng::from_str(&format!("url: '{url}'\ntimeout: 500ms\n")).expect("config");
+    let cfg: PrometheusConfig =
+        serde_yaml_ng::from_str(&format!("url: '{url}'\ntimeout: 500ms\n")).expect("config");
     PrometheusSource::new("test", &cfg).expect("source")
 }
 
@@ -35,11 +36,15 @@ fn vector(rows: &[(&str, &str)]) -> serde_json::Value {
 #[tokio::test]
 async fn http_500_is_a_source_error() {
     let server = MockServer::start().await;
-    Mock::given(path("/api/v1/query")).respond_with(ResponseTemplate::new(500).set_body_string("boom")).mount(&server).await;
+    Mock::given(path("/api/v1/query"))
+        .respond_with(ResponseTemplate::new(500).set_body_string("boom"))
+        .mount(&server)
+        .await;
     let r = source(&server.uri()).sample(&[&pool()]).await.remove(0);
     let e = r.expect_err("500 must fail");
-    assert!(matches!(e, SourceError::Http { status: 500, .. } | SourceError::Unreachable { .. } | SourceError::Malformed { .. } | SourceError::Query { .. }), "{e:?}");
-    assert!(e.to_string().contains("500") || e.to_string().contains("boom") || e.to_string().contains("decod"), "{e}");
+    assert!(matches!(e, SourceError::Http { status: 500, .. }), "{e:?}");
+    // URLs can carry credentials; errors never repeat them.
+    assert!(!e.to_string().contains("http://"), "{e}");
 }
 
 #[tokio::test]
@@ -59,7 +64,10 @@ async fn timeout_is_unreachable() {
 #[tokio::test]
 async fn malformed_json_is_malformed() {
     let server = MockServer::start().await;
-    Mock::given(path("/api/v1/query")).respond_with(ResponseTemplate::new(200).set_body_string("{not json")).mount(&server).await;
+    Mock::given(path("/api/v1/query"))
+        .respond_with(ResponseTemplate::new(200).set_body_string("{not json"))
+        .mount(&server)
+        .await;
     let e = source(&server.uri()).sample(&[&pool()]).await.remove(0).expect_err("malformed");
     assert!(matches!(e, SourceError::Malformed { .. } | SourceError::Unreachable { .. }), "{e:?}");
 }
@@ -67,7 +75,10 @@ async fn malformed_json_is_malformed() {
 #[tokio::test]
 async fn empty_result_means_no_data_not_zero() {
     let server = MockServer::start().await;
-    Mock::given(path("/api/v1/query")).respond_with(ResponseTemplate::new(200).set_body_json(vector(&[]))).mount(&server).await;
+    Mock::given(path("/api/v1/query"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(vector(&[])))
+        .mount(&server)
+        .await;
     let snap = source(&server.uri()).sample(&[&pool()]).await.remove(0).expect("empty is not an error");
     assert_eq!(snap.members.len(), 2);
     assert!(snap.members.values().all(|s| s.is_none()), "{snap:?}");
@@ -76,23 +87,37 @@ async fn empty_result_means_no_data_not_zero() {
 #[tokio::test]
 async fn nan_values_are_rejected_and_counted() {
     let server = MockServer::start().await;
-    let q = |signal: &str| pool().queries.into_iter().find(|(s, _)| s.as_str() == signal).map(|(_, q)| q).expect("query");
+    let q = |signal: &str| {
+        pool().queries.into_iter().find(|(s, _)| s.as_str() == signal).map(|(_, q)| q).expect("query")
+    };
     Mock::given(method("GET"))
         .and(query_param("query", q("waiting")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(vector(&[("10.0.0.1:8000", "NaN"), ("10.0.0.2:8000", "2")])))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(vector(&[("10.0.0.1:8000", "NaN"), ("10.0.0.2:8000", "2")])),
+        )
         .mount(&server)
         .await;
     Mock::given(method("GET"))
         .and(query_param("query", q("running")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(vector(&[("10.0.0.1:8000", "3"), ("10.0.0.2:8000", "4")])))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(vector(&[("10.0.0.1:8000", "3"), ("10.0.0.2:8000", "4")])),
+        )
         .mount(&server)
         .await;
     Mock::given(method("GET"))
         .and(query_param("query", q("kv_usage")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(vector(&[("10.0.0.1:8000", "0.5"), ("10.0.0.2:8000", "+Inf")])))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(vector(&[("10.0.0.1:8000", "0.5"), ("10.0.0.2:8000", "+Inf")])),
+        )
         .mount(&server)
         .await;
-    Mock::given(path("/api/v1/query")).respond_with(ResponseTemplate::new(200).set_body_json(vector(&[]))).mount(&server).await;
+    Mock::given(path("/api/v1/query"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(vector(&[])))
+        .mount(&server)
+        .await;
     let snap = source(&server.uri()).sample(&[&pool()]).await.remove(0).expect("sampled");
     assert!(snap.members[&MemberId::from("10.0.0.1:8000")].is_none(), "NaN waiting");
     assert!(snap.members[&MemberId::from("10.0.0.2:8000")].is_none(), "Inf KV usage");

@@ -23,10 +23,8 @@ impl RatioSink for DryRunSink {
 
     async fn apply(&self, desired: &Ratios) -> Result<Applied, SinkError> {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let changed = desired
-            .iter()
-            .filter(|(m, r)| last.as_ref().and_then(|l| l.get(m)) != Some(*r))
-            .count();
+        let changed =
+            desired.iter().filter(|(m, r)| last.as_ref().and_then(|l| l.get(m)) != Some(*r)).count();
         *last = Some(desired.clone());
         Ok(Applied { changed, unchanged: desired.len() - changed, warnings: Vec::new() })
     }

@@ -135,8 +135,9 @@ impl SecretRef {
             SecretRef::File(p) => std::fs::read_to_string(p)
                 .map(|s| s.trim_end().to_string())
                 .map_err(|e| format!("cannot read secret file {}: {e}", p.display())),
-            SecretRef::Env(v) => std::env::var(v)
-                .map_err(|_| format!("environment variable {v} is not set (or is not UTF-8)")),
+            SecretRef::Env(v) => {
+                std::env::var(v).map_err(|_| format!("environment variable {v} is not set (or is not UTF-8)"))
+            }
             SecretRef::Value(s) => Ok(s.clone()),
         }
     }

@@ -69,7 +69,12 @@ impl WebhookSink {
             builder = builder.add_root_certificate(cert);
         }
         let client = builder.build().map_err(|e| SinkError::Config(e.to_string()))?;
-        Ok(WebhookSink { client, url: cfg.url.clone(), token: cfg.bearer_token.clone(), pool: pool.to_string() })
+        Ok(WebhookSink {
+            client,
+            url: cfg.url.clone(),
+            token: cfg.bearer_token.clone(),
+            pool: pool.to_string(),
+        })
     }
 }
 
@@ -85,15 +90,18 @@ impl RatioSink for WebhookSink {
 
     async fn apply(&self, desired: &Ratios) -> Result<Applied, SinkError> {
         let target = format!("webhook {}", self.url);
-        let mut req = self.client.post(&self.url).json(&WebhookPayload { pool: self.pool.clone(), ratios: desired.clone() });
+        let mut req = self
+            .client
+            .post(&self.url)
+            .json(&WebhookPayload { pool: self.pool.clone(), ratios: desired.clone() });
         if let Some(t) = &self.token {
             let token = t.resolve().map_err(|detail| SinkError::Auth { target: target.clone(), detail })?;
             req = req.bearer_auth(token);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| SinkError::Unreachable { target: target.clone(), detail: e.without_url().to_string() })?;
+        let resp = req.send().await.map_err(|e| SinkError::Unreachable {
+            target: target.clone(),
+            detail: e.without_url().to_string(),
+        })?;
         let status = resp.status();
         if status.is_success() {
             return Ok(Applied { changed: desired.len(), unchanged: 0, warnings: Vec::new() });

@@ -243,7 +243,13 @@ pub(crate) fn http_client(
 /// The error text of a reqwest failure without the URL (which may carry credentials), with its cause.
 pub(crate) fn describe(e: &reqwest::Error) -> String {
     use std::error::Error as _;
-    let mut s = if e.is_timeout() { "timed out".to_string() } else { e.to_string() };
+    let mut s = if e.is_timeout() {
+        "timed out".to_string()
+    } else {
+        // reqwest appends " for url (...)"; cut it.
+        let full = e.to_string();
+        full.split(" for url (").next().unwrap_or_default().to_string()
+    };
     let mut src = e.source();
     while let Some(cause) = src {
         s.push_str(": ");

@@ -17,7 +17,12 @@ impl MetricsTarget {
     pub async fn start(text: &str) -> MetricsTarget {
         let text = Arc::new(Mutex::new(text.to_string()));
         let app = Router::new()
-            .route("/metrics", get(|State(t): State<Arc<Mutex<String>>>| async move { t.lock().map(|g| g.clone()).unwrap_or_default() }))
+            .route(
+                "/metrics",
+                get(|State(t): State<Arc<Mutex<String>>>| async move {
+                    t.lock().map(|g| g.clone()).unwrap_or_default()
+                }),
+            )
             .with_state(text.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind metrics target");
         let addr = listener.local_addr().expect("local addr");

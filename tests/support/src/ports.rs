@@ -13,7 +13,8 @@ pub fn free_port() -> u16 {
 
 /// `n` distinct free ports, all held until all are chosen so none repeats.
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> =
-        (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("cannot bind an ephemeral loopback port")).collect();
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("cannot bind an ephemeral loopback port"))
+        .collect();
     listeners.iter().map(|l| l.local_addr().expect("bound listener has an address").port()).collect()
 }
