@@ -214,6 +214,8 @@ async fn envoy_gets_weights_from_the_controllers_own_listener() {
 
 /// The acceptance run: the simulated fleet behind a real HAProxy in leastconn mode, the
 /// controller pushing weights; one replica slows to a fifth of its speed and gets a falling share.
+/// Behind leastconn every server holds about as many requests, so only processing time tells the
+/// slow one apart: the pool opts into `latency_weight` (off by default, see src/bench/RESULTS.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slowed_replica_loses_traffic_behind_haproxy_leastconn() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -231,7 +233,7 @@ async fn slowed_replica_loses_traffic_behind_haproxy_leastconn() {
     )))
     .await;
     let run = Running::start(&format!(
-        "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ from_lb: true }}\n    stale_after: 5s\n    grace: 2s\n    sink: {{ kind: haproxy, address: '{}', backend: llm }}\n",
+        "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ from_lb: true }}\n    stale_after: 5s\n    grace: 2s\n    policy: {{ kind: feedback, gain: 0.3, latency_weight: 1 }}\n    sink: {{ kind: haproxy, address: '{}', backend: llm }}\n",
         h.runtime_address()
     ));
 

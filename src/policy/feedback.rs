@@ -50,17 +50,23 @@ pub struct FeedbackParams {
 }
 
 impl Default for FeedbackParams {
+    /// Chosen by the benchmark's 21-point grid (src/bench/RESULTS.md, "Choosing the policy"): a slow
+    /// integral (gain 0.05) on unsmoothed samples, queue weighed lightly (256). Behind weighted
+    /// least-request that kept p99 TTFT within 1.25x of the per-request picker at all 21 points
+    /// (geometric mean 0.62x of it); the previous, faster settings oscillated. Processing time is
+    /// off by default: it helps ratio-least-connections a little at moderate load but triples p99 at
+    /// 95% on mixed-speed fleets and wrecks plain weighted round robin.
     fn default() -> Self {
         FeedbackParams {
-            gain: 0.5,
-            smoothing: 0.5,
+            gain: 0.05,
+            smoothing: 1.0,
             max_step: 0.25,
             deadband: 0.05,
-            queue_norm: 8.0,
+            queue_norm: 256.0,
             running_norm: 64.0,
             idle_load: 0.02,
             settle_cycles: 3.0,
-            latency_weight: 1.0,
+            latency_weight: 0.0,
         }
     }
 }

@@ -94,12 +94,17 @@ proptest! {
             for _ in 0..cycles {
                 prev = p.compute(&s, &prev).ratios;
             }
+            // "Load" as this policy measures it.
+            let (qn, rn) = match &cfg {
+                PolicyConfig::Headroom(h) => (h.queue_norm, h.running_norm),
+                PolicyConfig::Feedback(f) => (f.queue_norm, f.running_norm),
+            };
             let members: Vec<_> = s.members.iter().collect();
             for (a, sa) in &members {
                 for (b, sb) in &members {
                     let (sa, sb) = (sa.as_ref().expect("sample"), sb.as_ref().expect("sample"));
-                    let la = load(sa, 8.0, 64.0);
-                    let lb = load(sb, 8.0, 64.0);
+                    let la = load(sa, qn, rn);
+                    let lb = load(sb, qn, rn);
                     if la > lb {
                         prop_assert!(prev.get(a) <= prev.get(b), "{}: load {} ratio {:?} > {}: load {} ratio {:?}", a, la, prev.get(a), b, lb, prev.get(b));
                     }
@@ -183,7 +188,8 @@ fn feedback_converges_to_capacity_proportional_shares() {
 /// usage; only the processing time reveals the slow one, and it must end with the lower ratio.
 #[test]
 fn feedback_uses_processing_time_to_find_the_slow_server() {
-    let mut p = new_policy(&PolicyConfig::Feedback(Default::default()));
+    let params = feedback::FeedbackParams { latency_weight: 1.0, gain: 0.5, ..Default::default() };
+    let mut p = new_policy(&PolicyConfig::Feedback(params.clone()));
     let mut prev = Ratios::default();
     for _ in 0..10 {
         let mut fast = sample(0.0, 8.0, 0.4);
@@ -197,7 +203,7 @@ fn feedback_uses_processing_time_to_find_the_slow_server() {
     assert!(slow * 3 < fast * 2, "fast {fast} slow {slow}");
 
     // Without processing times on every member, it is ignored: equal loads stay equal.
-    let mut p = new_policy(&PolicyConfig::Feedback(Default::default()));
+    let mut p = new_policy(&PolicyConfig::Feedback(params));
     let mut one = sample(0.0, 8.0, 0.4);
     one.latency = Some(5.0);
     let o = p.compute(&snap(&[("a:1", Some(one)), ("b:1", Some(sample(0.0, 8.0, 0.4)))]), &Ratios::default());
