@@ -6,16 +6,7 @@ use plotters::prelude::*;
 use super::load::Outcome;
 use super::{Tick, PHASES};
 
-const COLORS: [RGBColor; 8] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
-];
+use crate::bench::plot::color;
 
 /// A line chart of one value per replica over time, with phase boundaries marked.
 fn series_chart(
@@ -49,7 +40,7 @@ fn series_chart(
             }
         }
         for (i, m) in members.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
+            let color = color(i);
             let label = format!("{m} (speed {})", speeds.get(i).copied().unwrap_or(1.0));
             if let Ok(s) = chart
                 .draw_series(LineSeries::new(ticks.iter().map(|t| (t.t, value(t, i))), color.stroke_width(2)))
@@ -92,7 +83,7 @@ fn ttft_cdf(outcomes: &[Outcome]) -> String {
             if v.is_empty() {
                 continue;
             }
-            let color = COLORS[p % COLORS.len()];
+            let color = color(p);
             let n = v.len() as f64;
             let pts = v.iter().enumerate().map(|(i, x)| (x.max(0.001), (i + 1) as f64 / n));
             if let Ok(s) = chart.draw_series(LineSeries::new(pts, color.stroke_width(2))) {
