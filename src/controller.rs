@@ -57,6 +57,8 @@ struct PoolRuntime {
     /// The ratios computed last cycle: the policy's "previous" (what it asked the LB to hold).
     last_computed: Ratios,
     last_pushed: Option<(Ratios, Instant)>,
+    /// Warnings of the last successful push, so repeats are not logged every cycle.
+    last_warnings: Vec<String>,
     retry_at: Option<Instant>,
     failures: u32,
     state: PoolState,
@@ -130,6 +132,7 @@ impl Controller {
                 cfg: p.clone(),
                 last_computed: Ratios::default(),
                 last_pushed: None,
+                last_warnings: Vec::new(),
                 retry_at: None,
                 failures: 0,
                 state: PoolState::Starting,
@@ -471,30 +474,21 @@ impl PoolRuntime {
                 return "backoff";
             }
         }
-        // Reconcile against what the LB really holds where the sink can tell; otherwise against what we
-        // last pushed, re-sent now and then in case the receiver lost it.
-        let current = match tokio::time::timeout(deadline, self.sink.current()).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return self.failed(e),
-            Err(_) => return self.failed(timeout_err(&pool, deadline)),
-        };
-        let unchanged = match &current {
-            Some(c) => desired.iter().all(|(m, r)| c.get(m) == Some(r)),
-            None => {
-                self.last_pushed.as_ref().is_some_and(|(r, at)| r == desired && at.elapsed() < RESYNC_EVERY)
-            }
-        };
-        if unchanged {
-            return if self.sink.kind() == "dry-run" { "dry_run" } else { "unchanged" };
-        }
-        // Leadership may have been lost while reading the LB back.
-        if !self.may_push() {
-            return "follower";
+        // Sinks that reconcile read the LB inside `apply` and write only drift, so they are called every
+        // cycle; the others are pushed on change and re-sent now and then in case the receiver lost it.
+        if !self.sink.reconciles()
+            && self.last_pushed.as_ref().is_some_and(|(r, at)| r == desired && at.elapsed() < RESYNC_EVERY)
+        {
+            return "unchanged";
         }
         match tokio::time::timeout(deadline, self.sink.apply(desired)).await {
             Ok(Ok(applied)) => {
-                for w in &applied.warnings {
-                    tracing::warn!(pool = %pool, sink = self.sink.kind(), "{w}");
+                // Reconciling sinks report the same warnings every cycle; log them when they change.
+                if applied.warnings != self.last_warnings {
+                    for w in &applied.warnings {
+                        tracing::warn!(pool = %pool, sink = self.sink.kind(), "{w}");
+                    }
+                    self.last_warnings = applied.warnings.clone();
                 }
                 if self.failures > 0 {
                     tracing::info!(pool = %pool, sink = self.sink.kind(), "sink recovered");
@@ -504,6 +498,8 @@ impl PoolRuntime {
                 self.last_pushed = Some((desired.clone(), Instant::now()));
                 if self.sink.kind() == "dry-run" {
                     "dry_run"
+                } else if applied.changed == 0 {
+                    "unchanged"
                 } else {
                     tracing::info!(pool = %pool, sink = self.sink.kind(), changed = applied.changed, "pushed ratios");
                     "pushed"

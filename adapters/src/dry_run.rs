@@ -17,6 +17,10 @@ impl RatioSink for DryRunSink {
         "dry-run"
     }
 
+    fn reconciles(&self) -> bool {
+        true
+    }
+
     async fn current(&self) -> Result<Option<Ratios>, SinkError> {
         Ok(self.last.lock().map(|g| g.clone()).unwrap_or(None))
     }

@@ -38,6 +38,13 @@ pub trait RatioSink: Send + Sync {
     /// The ratios the load balancer has now, if it can tell.
     async fn current(&self) -> Result<Option<Ratios>, SinkError>;
 
+    /// Whether `apply` itself reads the load balancer and changes only what differs. The controller
+    /// then calls `apply` every cycle (one read, and writes only on drift) instead of reading back
+    /// first; for sinks that cannot read back it pushes on change and re-sends now and then.
+    fn reconciles(&self) -> bool {
+        false
+    }
+
     /// Make the load balancer hold `desired`. Members in `desired` that the LB does not have are
     /// reported in [`Applied::warnings`], not treated as fatal.
     async fn apply(&self, desired: &Ratios) -> Result<Applied, SinkError>;

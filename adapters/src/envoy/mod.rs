@@ -218,6 +218,10 @@ impl RatioSink for EnvoySink {
         "envoy"
     }
 
+    fn reconciles(&self) -> bool {
+        true
+    }
+
     async fn current(&self) -> Result<Option<Ratios>, SinkError> {
         Ok(self.held()?.map(|h| h.to_ratios()))
     }

@@ -282,6 +282,10 @@ impl RatioSink for F5Sink {
         "f5"
     }
 
+    fn reconciles(&self) -> bool {
+        true
+    }
+
     async fn members(&self) -> Result<Option<Vec<MemberId>>, SinkError> {
         let mut ids: Vec<MemberId> = self.read_members().await?.iter().map(plan::member_id).collect();
         ids.sort();

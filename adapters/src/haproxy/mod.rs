@@ -381,6 +381,10 @@ impl RatioSink for HaproxySink {
         "haproxy"
     }
 
+    fn reconciles(&self) -> bool {
+        true
+    }
+
     /// The backend's servers as `addr:port`, from `show servers state`. Servers without an address yet
     /// (unresolved `server-template` slots) are left out.
     async fn members(&self) -> Result<Option<Vec<MemberId>>, SinkError> {
