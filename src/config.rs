@@ -6,12 +6,12 @@
 //! the file and field path: `config/x.yaml: pools[1].ratio.min: must be <= ratio.max`.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use llm_lc_adapters::{MemberId, SecretRef, SinkConfig};
+pub use llm_lc_configfile::{deserialize_yaml, problems_in, ConfigError, ConfigErrors};
 use serde::Deserialize;
 
 use crate::policy::PolicyConfig;
@@ -140,6 +140,20 @@ pub struct PoolConfig {
     pub reset_after: Duration,
     #[serde(default)]
     pub sink: SinkConfig,
+    /// Which ratio moves are worth a write (default by sink: F5 20% or once a minute, others every
+    /// change). See `crate::cycle::change`.
+    #[serde(default)]
+    pub change: Option<crate::cycle::change::ChangePolicy>,
+    /// How long one push may take, independent of the cycle (default: three intervals). A slow
+    /// management plane finishes its push while later cycles report `in_progress`.
+    #[serde(default, with = "humantime_serde")]
+    pub push_timeout: Option<Duration>,
+}
+
+impl PoolConfig {
+    pub fn change_policy(&self) -> crate::cycle::change::ChangePolicy {
+        self.change.unwrap_or_else(|| crate::cycle::change::ChangePolicy::default_for(&self.sink))
+    }
 }
 
 /// Who the members of a pool are. Exactly one of the fields.
@@ -259,48 +273,6 @@ mod defaults {
     }
 }
 
-/// One problem with a config file: where it is and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub file: PathBuf,
-    /// Line and column, 1-based, where the YAML parser can tell.
-    pub location: Option<(usize, usize)>,
-    /// Field path such as `pools[1].ratio.min`; empty for whole-file problems.
-    pub field: String,
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if let Some((line, col)) = self.location {
-            write!(f, ":{line}:{col}")?;
-        }
-        if !self.field.is_empty() {
-            write!(f, ": {}", self.field)?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-/// All problems found in one file.
-#[derive(Debug, Clone)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-impl fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{e}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
-
 /// Read, parse and validate a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -312,40 +284,6 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         }])
     })?;
     parse(path, &text)
-}
-
-/// Deserialize a YAML document strictly, turning the first error into a [`ConfigError`] with the
-/// line and column the YAML parser knows and the field path. Shared by every config file we read.
-pub fn deserialize_yaml<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigErrors> {
-    let de = serde_yaml_ng::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
-        let inner = e.into_inner();
-        let location = inner.location().map(|l| (l.line(), l.column()));
-        // The YAML crate decorates its message with the position and (part of) the field path; we
-        // print both ourselves, so keep just the description.
-        let mut message = inner.to_string();
-        if let Some(idx) = message.find(" at line ") {
-            message.truncate(idx);
-        }
-        let field = if field == "." { String::new() } else { field };
-        if let Some((head, rest)) = message.split_once(": ") {
-            if !head.is_empty() && field.starts_with(head) {
-                message = rest.to_string();
-            }
-        }
-        ConfigErrors(vec![ConfigError { file: path.to_path_buf(), location, field, message }])
-    })
-}
-
-/// `(field, message)` problems as errors of the file at `path`.
-pub fn problems_in(path: &Path, problems: Vec<(String, String)>) -> ConfigErrors {
-    ConfigErrors(
-        problems
-            .into_iter()
-            .map(|(field, message)| ConfigError { file: path.to_path_buf(), location: None, field, message })
-            .collect(),
-    )
 }
 
 /// Parse and validate config text; `path` is only used in messages.
@@ -516,6 +454,14 @@ impl Config {
             }
             for (field, msg) in p.sink.validate() {
                 err(at(&format!("sink.{field}")), &msg);
+            }
+            if let Some(c) = &p.change {
+                for (field, msg) in c.validate() {
+                    err(at(&field), &msg);
+                }
+            }
+            if p.push_timeout.is_some_and(|t| t.is_zero()) {
+                err(at("push_timeout"), "must be > 0");
             }
         }
         errs

@@ -1,75 +1,52 @@
-//! The control loop: every interval, sample each pool, compute ratios, make each load balancer agree.
+//! The control loop's async shell: every interval, sample each pool, ask its [`Cycle`], push, report.
 //!
-//! It is a reconcile loop, not a fire-and-forget pusher: each cycle compares the desired ratios with
-//! what the load balancer holds now (where the sink can read it) and corrects drift. The rules that
-//! keep it safe when things break:
-//! - Pools run concurrently and each within a deadline of one interval, so one pool's hung source or
-//!   sink never holds up the others.
-//! - Fail-static: when a pool's source is down or all its samples are stale, nothing is pushed (the LB
-//!   keeps its last ratios); after `reset_after`, `on_stale: equal` pushes equal ratios instead.
-//! - A set of ratios that would leave no member able to take traffic is never pushed.
-//! - A failing sink is retried with exponential backoff and jitter; the loop itself never stops.
-//! - State changes (source down, back up, stale) are logged once, not every cycle.
+//! Decisions live in [`crate::cycle`] (pure, unit-tested); this module does the I/O around them:
+//! - Pools run concurrently and each samples within a deadline of one interval, so one pool's hung
+//!   source never holds up the others.
+//! - A push runs as a task of its own with its own time budget (`push_timeout`, default three
+//!   intervals): a slow management plane finishes its push while later cycles report `in_progress`,
+//!   and a cycle never waits on a push started by an earlier one.
+//! - While a sink backs off, a read of the load balancer (membership) that succeeds ends the wait, so
+//!   drift is repaired as soon as the load balancer answers again.
+//! - State changes (source down, back up, stale; discovery failing and recovering) are logged once,
+//!   not every cycle.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use llm_lc_adapters::{build_sink, RatioSink, Ratios, SinkConfig, SinkContext, SinkError};
-use rand::Rng;
+use llm_lc_adapters::{build_sink, Applied, MemberId, RatioSink, Ratios, SinkConfig, SinkContext, SinkError};
+use tokio::task::JoinHandle;
 
-use crate::config::{Config, OnStale, PoolConfig};
+use crate::config::{Config, PoolConfig, SourceConfig};
+use crate::cycle::{Cycle, CycleSettings, Decision, PushOutcome, PushResult, Sampled};
 use crate::policy::PoolPolicy;
 use crate::report::{now_rfc3339, CycleReport, MemberReport, PoolReport};
 use crate::source::{Join, PoolQuery, Snapshot, Source, SourceError};
 use crate::telemetry::{labels, Telemetry};
 
-/// Sinks that cannot read the LB back (webhook) are re-sent the full set this often even when
-/// nothing changed, so a restarted receiver catches up.
-const RESYNC_EVERY: Duration = Duration::from_secs(60);
-/// Longest wait between retries of a failing sink.
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// How long a read of the load balancer may take while probing whether it answers again.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PoolState {
-    Starting,
-    Ok,
-    SourceDown,
-    Stale,
-}
-
-impl PoolState {
-    fn as_str(self) -> &'static str {
-        match self {
-            PoolState::Starting | PoolState::Ok => "ok",
-            PoolState::SourceDown => "source_down",
-            PoolState::Stale => "stale",
-        }
-    }
-}
+type PushTask = JoinHandle<Result<Result<Applied, SinkError>, tokio::time::error::Elapsed>>;
 
 struct PoolRuntime {
     cfg: PoolConfig,
     query: PoolQuery,
-    policy: PoolPolicy,
-    sink: Box<dyn RatioSink>,
-    /// The ratios computed last cycle: the policy's "previous" (what it asked the LB to hold).
-    last_computed: Ratios,
-    last_pushed: Option<(Ratios, Instant)>,
+    cycle: Cycle,
+    sink: Arc<dyn RatioSink>,
+    /// Where membership is read from: the sink itself, or (in a dry run) the real sink of the
+    /// config, used read-only.
+    membership: Option<Arc<dyn RatioSink>>,
+    push: Option<PushTask>,
+    push_timeout: Duration,
     /// Warnings of the last successful push, so repeats are not logged every cycle.
     last_warnings: Vec<String>,
-    retry_at: Option<Instant>,
-    failures: u32,
-    state: PoolState,
-    unhealthy_since: Option<Instant>,
-    // --- leader election (src/leader.rs) ---
+    /// Member discovery is failing (logged once per change).
+    discovery_failing: bool,
     /// "This replica leads"; `None` means always (no election).
     leader: Option<tokio::sync::watch::Receiver<bool>>,
-    /// Whether pushing changes something outside this process (F5, HAProxy runtime API, webhook,
-    /// Envoy file). Sinks that are *served* from this process (Envoy xDS, HAProxy agent) and dry-run
-    /// keep working on followers: whoever answers has the same ratios.
-    needs_leader: bool,
 }
 
 /// The whole controller: sources, pools and the shared telemetry.
@@ -88,9 +65,26 @@ pub enum BuildError {
     Sink(String, SinkError),
 }
 
+/// A stable per-pool seed for the backoff jitter (FNV-1a of the name).
+fn seed_of(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The cycle settings of a pool whose pushes go to `sink` (the dry-run sink with `--dry-run`).
+pub fn cycle_settings(p: &PoolConfig, sink: &SinkConfig, reconciles: bool) -> CycleSettings {
+    let mut s = CycleSettings::new(p.ratio, p.on_stale, p.reset_after);
+    s.needs_leader = pushes_outside(sink);
+    s.reconciles = reconciles;
+    s.dry_run = matches!(sink, SinkConfig::DryRun);
+    s.change = p.change_policy();
+    s.seed = seed_of(&p.name);
+    s
+}
+
 impl Controller {
-    /// Build from a validated config. With `dry_run`, every pool's sink is replaced by the dry-run sink:
-    /// nothing is pushed anywhere, whatever the config says.
+    /// Build from a validated config. With `dry_run`, every pool's sink is replaced by the dry-run
+    /// sink: nothing is pushed anywhere, whatever the config says; pools whose members come from the
+    /// load balancer still read them there (read-only).
     pub fn new(
         cfg: &Config,
         telemetry: Arc<Telemetry>,
@@ -105,7 +99,7 @@ impl Controller {
         let mut pools = Vec::new();
         for p in &cfg.pools {
             let rate_window = match cfg.sources.get(&p.source) {
-                Some(crate::config::SourceConfig::Prometheus(pc)) => pc.rate_window,
+                Some(SourceConfig::Prometheus(pc)) => pc.rate_window,
                 _ => Duration::from_secs(60),
             };
             let join = Join::new(&p.join).map_err(|e| BuildError::Source(p.source.clone(), e))?;
@@ -118,8 +112,17 @@ impl Controller {
                 rate_window,
             );
             let sink_cfg = if dry_run { SinkConfig::DryRun } else { p.sink.clone() };
-            let sink =
-                build_sink(&sink_cfg, &p.name, ctx).map_err(|e| BuildError::Sink(p.name.clone(), e))?;
+            let sink: Arc<dyn RatioSink> =
+                build_sink(&sink_cfg, &p.name, ctx).map_err(|e| BuildError::Sink(p.name.clone(), e))?.into();
+            let membership = if dry_run && p.members.from_lb {
+                let real = build_sink(&p.sink, &p.name, &SinkContext::default())
+                    .map_err(|e| BuildError::Sink(p.name.clone(), e))?;
+                Some(Arc::from(real))
+            } else {
+                None
+            };
+            let policy = PoolPolicy::new(&p.policy, p.ratio, p.stale_after, p.grace, cfg.interval);
+            let settings = cycle_settings(p, &sink_cfg, sink.reconciles());
             pools.push(PoolRuntime {
                 query: PoolQuery {
                     members: p.members.static_list.clone().unwrap_or_default(),
@@ -127,18 +130,15 @@ impl Controller {
                     queries,
                     join,
                 },
-                policy: PoolPolicy::new(&p.policy, p.ratio, p.stale_after, p.grace, cfg.interval),
+                cycle: Cycle::new(settings, policy),
                 sink,
+                membership,
+                push: None,
+                push_timeout: p.push_timeout.unwrap_or(cfg.interval * 3),
                 cfg: p.clone(),
-                last_computed: Ratios::default(),
-                last_pushed: None,
                 last_warnings: Vec::new(),
-                retry_at: None,
-                failures: 0,
-                state: PoolState::Starting,
-                unhealthy_since: None,
+                discovery_failing: false,
                 leader: None,
-                needs_leader: pushes_outside(&sink_cfg),
             });
         }
         Ok(Controller { interval: cfg.interval, sources, pools, telemetry })
@@ -160,7 +160,7 @@ impl Controller {
 
     /// The ratios each pool computed last, by pool name (to carry over into a reloaded controller).
     pub fn computed_ratios(&self) -> BTreeMap<String, Ratios> {
-        self.pools.iter().map(|p| (p.cfg.name.clone(), p.last_computed.clone())).collect()
+        self.pools.iter().map(|p| (p.cfg.name.clone(), p.cycle.last_computed().clone())).collect()
     }
 
     /// Start pools from ratios a previous controller computed, so a config reload does not reset them
@@ -168,7 +168,7 @@ impl Controller {
     pub fn seed_ratios(&mut self, by_pool: &BTreeMap<String, Ratios>) {
         for p in &mut self.pools {
             if let Some(r) = by_pool.get(&p.cfg.name) {
-                p.last_computed = r.clone();
+                p.cycle.seed_ratios(r.clone());
             }
         }
     }
@@ -178,6 +178,7 @@ impl Controller {
         let started = Instant::now();
         let ts = now_rfc3339();
         let metrics = &self.telemetry.metrics;
+        let deadline = self.interval;
 
         // 1. Membership, for pools that discover it.
         let sources = &self.sources;
@@ -186,7 +187,7 @@ impl Controller {
         let telemetry = &self.telemetry;
         let mut refreshes = Vec::with_capacity(self.pools.len());
         for p in self.pools.iter_mut() {
-            refreshes.push(p.refresh_members(sources, telemetry));
+            refreshes.push(p.refresh_members(sources, telemetry, deadline));
         }
         join_all(refreshes).await;
 
@@ -197,7 +198,6 @@ impl Controller {
         for (i, p) in self.pools.iter().enumerate() {
             by_source.entry(p.cfg.source.as_str()).or_default().push(i);
         }
-        let deadline = self.interval;
         let mut sampling = Vec::with_capacity(by_source.len());
         for (name, idxs) in &by_source {
             let queries: Vec<&PoolQuery> = idxs.iter().map(|&i| &self.pools[i].query).collect();
@@ -220,15 +220,17 @@ impl Controller {
             }
         }
 
-        // 3. Policy and push, every pool concurrently, each within one interval.
+        // 3. Decide and push, every pool concurrently; a push gets until the end of this cycle to
+        //    report, and keeps running in the background within its own budget after that.
+        let report_by = Instant::now() + deadline.saturating_sub(started.elapsed());
         let mut cycles = Vec::with_capacity(self.pools.len());
         for (p, snap) in self.pools.iter_mut().zip(snapshots) {
             let snap = snap.unwrap_or_else(|| Err(SourceError::Config("pool has no source".into())));
-            cycles.push(p.cycle(snap, telemetry, deadline));
+            cycles.push(p.cycle(snap, telemetry, report_by));
         }
         let reports = join_all(cycles).await;
 
-        let good_pools = reports.iter().filter(|r| r.state == "ok").count();
+        let good_pools = reports.iter().filter(|r| r.state.is_ok()).count();
         let all_good = good_pools == reports.len();
         let report = CycleReport { ts, pools: reports };
         metrics.cycle_duration.observe(started.elapsed().as_secs_f64());
@@ -244,289 +246,319 @@ impl Controller {
         (report, all_good)
     }
 
-    /// Release what sinks hold on load balancers (login tokens), each within a short deadline.
-    pub async fn shutdown(&self) {
+    /// Wait (briefly) for pushes still in flight, then release what sinks hold on load balancers
+    /// (login tokens), each within a short deadline.
+    pub async fn shutdown(&mut self) {
+        let telemetry = self.telemetry.clone();
+        let mut waits = Vec::new();
+        for p in self.pools.iter_mut() {
+            waits.push(p.settle_push(&telemetry, Instant::now() + Duration::from_secs(5)));
+        }
+        join_all(waits).await;
         join_all(self.pools.iter().map(|p| tokio::time::timeout(Duration::from_secs(5), p.sink.shutdown())))
             .await;
+        join_all(
+            self.pools
+                .iter()
+                .filter_map(|p| p.membership.as_ref())
+                .map(|s| tokio::time::timeout(Duration::from_secs(5), s.shutdown())),
+        )
+        .await;
     }
 }
 
 impl PoolRuntime {
-    async fn refresh_members(&mut self, sources: &BTreeMap<String, Source>, telemetry: &Telemetry) {
+    fn reader(&self) -> &Arc<dyn RatioSink> {
+        self.membership.as_ref().unwrap_or(&self.sink)
+    }
+
+    async fn refresh_members(
+        &mut self,
+        sources: &BTreeMap<String, Source>,
+        telemetry: &Telemetry,
+        deadline: Duration,
+    ) {
+        let pool = self.cfg.name.clone();
+        let from_lb = self.cfg.members.from_lb;
         let found = if let Some(sel) = &self.cfg.members.prometheus_up {
             match sources.get(&self.cfg.source) {
                 Some(src) => src.discover(sel, &self.query.join).await.map(Some),
                 None => Ok(None),
             }
-        } else if self.cfg.members.from_lb {
-            self.sink.members().await.map_err(|e| SourceError::Unreachable {
-                what: format!("{} sink of pool {:?}", self.sink.kind(), self.cfg.name),
-                detail: e.to_string(),
-            })
+        } else if from_lb {
+            let reader = self.reader().clone();
+            match tokio::time::timeout(deadline, reader.members()).await {
+                Ok(r) => r.map_err(|e| SourceError::Unreachable {
+                    what: format!("{} sink of pool {pool:?}", reader.kind()),
+                    detail: e.to_string(),
+                }),
+                Err(_) => Err(SourceError::Unreachable {
+                    what: format!("{} sink of pool {pool:?}", reader.kind()),
+                    detail: format!("no answer within {deadline:?}"),
+                }),
+            }
         } else {
             Ok(None)
         };
         match found {
             Ok(Some(members)) => {
+                if from_lb {
+                    self.cycle.lb_answered();
+                }
+                if self.discovery_failing {
+                    tracing::info!(pool = %pool, members = members.len(), "member discovery works again");
+                    self.discovery_failing = false;
+                }
                 for gone in self.query.members.iter().filter(|m| !members.contains(m)) {
-                    tracing::info!(pool = %self.cfg.name, member = %gone, "member left the pool");
-                    telemetry.metrics.forget_member(&self.cfg.name, gone.as_str());
+                    tracing::info!(pool = %pool, member = %gone, "member left the pool");
+                    telemetry.metrics.forget_member(&pool, gone.as_str());
                 }
                 for new in members.iter().filter(|m| !self.query.members.contains(m)) {
-                    tracing::info!(pool = %self.cfg.name, member = %new, "member joined the pool");
+                    tracing::info!(pool = %pool, member = %new, "member joined the pool");
                 }
                 self.query.members = members;
             }
-            Ok(None) => {}
+            Ok(None) => {
+                // Not discovering from the LB: while the sink backs off, a cheap read tells whether it
+                // answers again.
+                if !from_lb && self.cycle.backing_off(Instant::now()) && self.push.is_none() {
+                    let reader = self.reader().clone();
+                    if let Ok(Ok(Some(_))) = tokio::time::timeout(PROBE_TIMEOUT, reader.members()).await {
+                        tracing::info!(pool = %pool, sink = reader.kind(), "load balancer answers again; retrying now");
+                        self.cycle.lb_answered();
+                    }
+                }
+            }
             // Keep the last known members: a discovery hiccup must not empty the pool.
             Err(e) => {
-                tracing::warn!(pool = %self.cfg.name, error = %e, "member discovery failed; keeping the last known members")
+                if !self.discovery_failing {
+                    tracing::warn!(pool = %pool, error = %e, "member discovery failed; keeping the last known members");
+                    self.discovery_failing = true;
+                }
             }
         }
     }
 
-    fn set_state(&mut self, state: PoolState, detail: Option<&str>) {
-        if state == self.state {
-            return;
-        }
-        let pool = &self.cfg.name;
-        match state {
-            PoolState::Ok => tracing::info!(pool = %pool, "pool has fresh data again; computing ratios"),
-            PoolState::SourceDown => tracing::warn!(
-                pool = %pool,
-                error = detail.unwrap_or(""),
-                "source failed; load balancer keeps its last ratios (fail-static)"
-            ),
-            PoolState::Stale => tracing::warn!(
-                pool = %pool,
-                "no member has fresh samples; load balancer keeps its last ratios (fail-static)"
-            ),
-            PoolState::Starting => {}
-        }
-        if state == PoolState::Ok {
-            self.unhealthy_since = None;
-        } else if self.unhealthy_since.is_none() {
-            self.unhealthy_since = Some(Instant::now());
-        }
-        self.state = state;
+    fn leading(&self) -> bool {
+        self.leader.as_ref().is_none_or(|l| *l.borrow())
     }
 
     async fn cycle(
         &mut self,
         snap: Result<Snapshot, SourceError>,
         telemetry: &Telemetry,
-        deadline: Duration,
+        report_by: Instant,
     ) -> PoolReport {
         let m = &telemetry.metrics;
         let pool = self.cfg.name.clone();
+        let pool_l = labels(&[("pool", &pool)]);
+        // A push from an earlier cycle that has ended: take its result before deciding again.
+        if self.push.as_ref().is_some_and(|t| t.is_finished()) {
+            let outcome = self.settle_push(telemetry, Instant::now()).await;
+            count_push(telemetry, &pool, self.sink.kind(), outcome);
+        }
+
+        let now = Instant::now();
+        let leading = self.leading();
+        let before = self.cycle.last_computed().clone();
+        let error = snap.as_ref().err().map(|e| e.to_string());
+        let step = match &snap {
+            Ok(s) => self.cycle.step(Sampled::Snapshot(s), &self.query.members, now, leading),
+            Err(_) => self.cycle.step(
+                Sampled::Failed(error.as_deref().unwrap_or_default()),
+                &self.query.members,
+                now,
+                leading,
+            ),
+        };
+        if let Some(old) = step.changed_from {
+            log_state_change(&pool, old, step.state, error.as_deref());
+        }
+        m.pool_members.get_or_create(&pool_l).set(self.query.members.len() as f64);
+        m.pool_up.get_or_create(&pool_l).set(if step.state.is_ok() { 1.0 } else { 0.0 });
+
         let mut report = PoolReport {
             pool: pool.clone(),
+            state: step.state,
+            error,
             policy: self.cfg.policy.name(),
             sink: self.sink.kind(),
             ..Default::default()
         };
-        let pool_l = labels(&[("pool", &pool)]);
+        if let Ok(snap) = &snap {
+            for r in &snap.rejected {
+                m.samples_rejected
+                    .get_or_create(&labels(&[
+                        ("pool", &pool),
+                        ("signal", r.signal.as_str()),
+                        ("reason", r.reason),
+                    ]))
+                    .inc();
+                tracing::debug!(pool = %pool, member = %r.member, signal = r.signal.as_str(), value = r.value, reason = r.reason, "sample rejected");
+            }
+        }
+        if let Some(outcome) = &step.policy {
+            m.pool_fresh_members.get_or_create(&pool_l).set(outcome.fresh as f64);
+            if let Some(s) = outcome.saturation {
+                m.pool_saturation.get_or_create(&pool_l).set(s);
+            }
+            report.saturation = outcome.saturation;
+        }
+        report.members = self.member_reports(snap.as_ref().ok(), &step.desired, &before, telemetry);
 
-        let snap = match snap {
-            Ok(s) => s,
-            Err(e) => {
-                let msg = e.to_string();
-                self.set_state(PoolState::SourceDown, Some(&msg));
-                report.error = Some(msg);
-                return self.fail_static(report, telemetry, deadline).await;
+        report.push = match step.decision {
+            Decision::Hold(outcome) => outcome,
+            Decision::Push(ratios) => {
+                let sink = self.sink.clone();
+                let budget = self.push_timeout;
+                self.push =
+                    Some(tokio::spawn(
+                        async move { tokio::time::timeout(budget, sink.apply(&ratios)).await },
+                    ));
+                self.settle_push(telemetry, report_by).await
             }
         };
-        for r in &snap.rejected {
-            m.samples_rejected
-                .get_or_create(&labels(&[
-                    ("pool", &pool),
-                    ("signal", r.signal.as_str()),
-                    ("reason", r.reason),
-                ]))
-                .inc();
-            tracing::debug!(pool = %pool, member = %r.member, signal = r.signal.as_str(), value = r.value, reason = r.reason, "sample rejected");
-        }
-        let outcome = self.policy.compute(&snap, &self.last_computed);
-        m.pool_fresh_members.get_or_create(&pool_l).set(outcome.fresh as f64);
-        if let Some(s) = outcome.saturation {
-            m.pool_saturation.get_or_create(&pool_l).set(s);
-        }
-        report.saturation = outcome.saturation;
-        report.members = snap
-            .members
-            .iter()
-            .map(|(member, s)| {
-                let ml = labels(&[("pool", &pool), ("member", member.as_str())]);
-                let ratio = outcome.ratios.get(member).unwrap_or(0);
-                m.member_ratio.get_or_create(&ml).set(ratio as f64);
-                if let Some(s) = s {
-                    m.member_waiting.get_or_create(&ml).set(s.waiting);
-                    m.member_running.get_or_create(&ml).set(s.running);
-                    if let Some(kv) = s.kv_usage {
-                        m.member_kv_usage.get_or_create(&ml).set(kv);
-                    }
-                    if let Some(l) = s.latency {
-                        m.member_latency.get_or_create(&ml).set(l);
-                    }
-                    m.member_sample_age.get_or_create(&ml).set(s.age.as_secs_f64());
-                }
-                MemberReport {
-                    member: member.to_string(),
-                    ratio,
-                    old_ratio: self.last_computed.get(member),
-                    waiting: s.as_ref().map(|s| s.waiting),
-                    running: s.as_ref().map(|s| s.running),
-                    kv_usage: s.as_ref().and_then(|s| s.kv_usage),
-                    latency_s: s.as_ref().and_then(|s| s.latency),
-                    age_s: s.as_ref().map(|s| s.age.as_secs_f64()),
-                }
-            })
-            .collect();
-
-        if outcome.fresh == 0 {
-            m.pool_up.get_or_create(&pool_l).set(0.0);
-            self.set_state(PoolState::Stale, None);
-            return self.fail_static(report, telemetry, deadline).await;
-        }
-        m.pool_up.get_or_create(&pool_l).set(1.0);
-        self.set_state(PoolState::Ok, None);
-        self.last_computed = outcome.ratios.clone();
-        report.state = PoolState::Ok.as_str();
-        report.push = self.push(&outcome.ratios, telemetry, deadline).await;
+        count_push(telemetry, &pool, self.sink.kind(), report.push);
         report
     }
 
-    /// Source down or all data stale: push nothing, unless the pool has been blind for `reset_after`
-    /// and the user asked for equal ratios then.
-    async fn fail_static(
-        &mut self,
-        mut report: PoolReport,
+    /// One report line per member: the ratio wanted now, the last computed one, and the sample.
+    fn member_reports(
+        &self,
+        snap: Option<&Snapshot>,
+        desired: &Ratios,
+        before: &Ratios,
         telemetry: &Telemetry,
-        deadline: Duration,
-    ) -> PoolReport {
-        telemetry.metrics.pool_up.get_or_create(&labels(&[("pool", &self.cfg.name)])).set(0.0);
-        report.state = self.state.as_str();
-        let blind_for = self.unhealthy_since.map(|t| t.elapsed()).unwrap_or_default();
-        if self.cfg.on_stale == OnStale::Equal
-            && blind_for >= self.cfg.reset_after
-            && !self.query.members.is_empty()
-        {
-            let equal = self.cfg.ratio.clamp(self.cfg.ratio.mid());
-            let ratios: Ratios = self.query.members.iter().map(|m| (m.clone(), equal)).collect();
-            for mr in &mut report.members {
-                mr.ratio = equal;
+    ) -> Vec<MemberReport> {
+        let m = &telemetry.metrics;
+        let pool = &self.cfg.name;
+        let report = |member: &MemberId, s: Option<&crate::source::Sample>| {
+            let ml = labels(&[("pool", pool), ("member", member.as_str())]);
+            let ratio = desired.get(member).unwrap_or(0);
+            m.member_ratio.get_or_create(&ml).set(f64::from(ratio));
+            if let Some(s) = s {
+                m.member_waiting.get_or_create(&ml).set(s.waiting);
+                m.member_running.get_or_create(&ml).set(s.running);
+                if let Some(kv) = s.kv_usage {
+                    m.member_kv_usage.get_or_create(&ml).set(kv);
+                }
+                if let Some(l) = s.latency {
+                    m.member_latency.get_or_create(&ml).set(l);
+                }
+                m.member_sample_age.get_or_create(&ml).set(s.age.as_secs_f64());
             }
-            if report.members.is_empty() {
-                report.members = ratios
-                    .iter()
-                    .map(|(m, r)| MemberReport { member: m.to_string(), ratio: r, ..Default::default() })
-                    .collect();
+            MemberReport {
+                member: member.to_string(),
+                ratio,
+                old_ratio: before.get(member),
+                waiting: s.map(|s| s.waiting),
+                running: s.map(|s| s.running),
+                kv_usage: s.and_then(|s| s.kv_usage),
+                latency_s: s.and_then(|s| s.latency),
+                age_s: s.map(|s| s.age.as_secs_f64()),
             }
-            self.last_computed = ratios.clone();
-            report.push = self.push(&ratios, telemetry, deadline).await;
-        } else {
-            for mr in &mut report.members {
-                mr.ratio = mr.old_ratio.unwrap_or(mr.ratio);
+        };
+        match snap {
+            Some(snap) if !snap.members.is_empty() => {
+                snap.members.iter().map(|(member, s)| report(member, s.as_ref())).collect()
             }
-            report.push = "held";
-            telemetry
-                .metrics
-                .pushes
-                .get_or_create(&labels(&[
-                    ("pool", &self.cfg.name),
-                    ("sink", self.sink.kind()),
-                    ("outcome", "held"),
-                ]))
-                .inc();
+            _ => desired.iter().map(|(member, _)| report(member, None)).collect(),
         }
-        report
     }
 
-    /// Make the LB hold `desired`, unless that would drain everything or the sink is backing off.
-    async fn push(&mut self, desired: &Ratios, telemetry: &Telemetry, deadline: Duration) -> &'static str {
-        let outcome = self.push_inner(desired, deadline).await;
-        telemetry
-            .metrics
-            .pushes
-            .get_or_create(&labels(&[
-                ("pool", &self.cfg.name),
-                ("sink", self.sink.kind()),
-                ("outcome", outcome),
-            ]))
-            .inc();
-        outcome
-    }
-
-    async fn push_inner(&mut self, desired: &Ratios, deadline: Duration) -> &'static str {
+    /// Wait for the push in flight until `by`; if it ended, hand its result to the cycle and return
+    /// the outcome, else report it as still in progress.
+    async fn settle_push(&mut self, telemetry: &Telemetry, by: Instant) -> PushOutcome {
+        let Some(task) = self.push.as_mut() else { return PushOutcome::Unchanged };
+        let wait = by.saturating_duration_since(Instant::now());
+        let joined = match tokio::time::timeout(wait, task).await {
+            Err(_) => return PushOutcome::InProgress,
+            Ok(joined) => joined,
+        };
+        self.push = None;
         let pool = self.cfg.name.clone();
-        if desired.is_empty() {
-            return "unchanged";
-        }
-        if desired.drains_everything() {
-            tracing::error!(pool = %pool, "refusing to push ratios that leave no member able to take traffic");
-            return "refused_drain";
-        }
-        if !self.may_push() {
-            return "follower";
-        }
-        if let Some(at) = self.retry_at {
-            if Instant::now() < at {
-                return "backoff";
-            }
-        }
-        // Sinks that reconcile read the LB inside `apply` and write only drift, so they are called every
-        // cycle; the others are pushed on change and re-sent now and then in case the receiver lost it.
-        if !self.sink.reconciles()
-            && self.last_pushed.as_ref().is_some_and(|(r, at)| r == desired && at.elapsed() < RESYNC_EVERY)
-        {
-            return "unchanged";
-        }
-        match tokio::time::timeout(deadline, self.sink.apply(desired)).await {
-            Ok(Ok(applied)) => {
+        let kind = self.sink.kind();
+        let failures_before = self.cycle.failures();
+        let result = match joined {
+            Ok(Ok(Ok(applied))) => Ok(applied),
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(_elapsed)) => Err(SinkError::Unreachable {
+                target: format!("pool {pool:?}"),
+                detail: format!("push not done within its budget of {:?} (push_timeout)", self.push_timeout),
+            }),
+            Err(join) => Err(SinkError::Unreachable {
+                target: format!("pool {pool:?}"),
+                detail: format!("push task ended: {join}"),
+            }),
+        };
+        let now = Instant::now();
+        match result {
+            Ok(applied) => {
                 // Reconciling sinks report the same warnings every cycle; log them when they change.
                 if applied.warnings != self.last_warnings {
                     for w in &applied.warnings {
-                        tracing::warn!(pool = %pool, sink = self.sink.kind(), "{w}");
+                        tracing::warn!(pool = %pool, sink = kind, "{w}");
                     }
                     self.last_warnings = applied.warnings.clone();
                 }
-                if self.failures > 0 {
-                    tracing::info!(pool = %pool, sink = self.sink.kind(), "sink recovered");
+                if failures_before > 0 {
+                    tracing::info!(pool = %pool, sink = kind, "sink recovered");
                 }
-                self.failures = 0;
-                self.retry_at = None;
-                self.last_pushed = Some((desired.clone(), Instant::now()));
-                if self.sink.kind() == "dry-run" {
-                    "dry_run"
-                } else if applied.changed == 0 {
-                    "unchanged"
-                } else {
-                    tracing::info!(pool = %pool, sink = self.sink.kind(), changed = applied.changed, "pushed ratios");
-                    "pushed"
+                if applied.changed > 0 && !self.sink.kind().eq("dry-run") {
+                    telemetry
+                        .metrics
+                        .sink_writes
+                        .get_or_create(&labels(&[("pool", &pool), ("sink", kind)]))
+                        .inc_by(applied.changed as u64);
                 }
+                let outcome = self.cycle.pushed(PushResult::Applied { changed: applied.changed }, now);
+                if outcome == PushOutcome::Pushed {
+                    tracing::info!(pool = %pool, sink = kind, changed = applied.changed, "pushed ratios");
+                }
+                outcome
             }
-            Ok(Err(e)) => self.failed(e),
-            Err(_) => self.failed(timeout_err(&pool, deadline)),
+            Err(e) => {
+                let outcome = self.cycle.pushed(PushResult::Failed { retryable: e.retryable() }, now);
+                let retry_in_s = self.cycle.retry_wait().unwrap_or_default().as_secs_f64();
+                let attempt = self.cycle.failures();
+                if !e.retryable() || attempt == 1 {
+                    tracing::error!(pool = %pool, sink = kind, error = %e, retry_in_s, "push failed");
+                } else {
+                    tracing::warn!(pool = %pool, sink = kind, error = %e, retry_in_s, attempt, "push failed again");
+                }
+                outcome
+            }
         }
     }
+}
 
-    fn may_push(&self) -> bool {
-        !self.needs_leader || self.leader.as_ref().is_none_or(|l| *l.borrow())
-    }
+fn count_push(telemetry: &Telemetry, pool: &str, sink: &str, outcome: PushOutcome) {
+    telemetry
+        .metrics
+        .pushes
+        .get_or_create(&labels(&[("pool", pool), ("sink", sink), ("outcome", outcome.as_str())]))
+        .inc();
+}
 
-    /// Log, then back off exponentially with jitter: 1, 2, 4 ... intervals' worth of seconds, capped.
-    fn failed(&mut self, e: SinkError) -> &'static str {
-        self.failures += 1;
-        let base = Duration::from_secs(1) * 2u32.saturating_pow(self.failures.saturating_sub(1).min(6));
-        let wait = base.min(MAX_BACKOFF).mul_f64(rand::thread_rng().gen_range(0.8..1.2));
-        self.retry_at = Some(Instant::now() + wait);
-        let level_error = !e.retryable() || self.failures == 1;
-        if level_error {
-            tracing::error!(pool = %self.cfg.name, sink = self.sink.kind(), error = %e, retry_in_s = wait.as_secs_f64(), "push failed");
-        } else {
-            tracing::warn!(pool = %self.cfg.name, sink = self.sink.kind(), error = %e, retry_in_s = wait.as_secs_f64(), attempt = self.failures, "push failed again");
-        }
-        "error"
+fn log_state_change(
+    pool: &str,
+    _old: crate::cycle::PoolState,
+    new: crate::cycle::PoolState,
+    detail: Option<&str>,
+) {
+    use crate::cycle::PoolState;
+    match new {
+        PoolState::Ok => tracing::info!(pool = %pool, "pool has fresh data again; computing ratios"),
+        PoolState::SourceDown => tracing::warn!(
+            pool = %pool,
+            error = detail.unwrap_or(""),
+            "source failed; load balancer keeps its last ratios (fail-static)"
+        ),
+        PoolState::Stale => tracing::warn!(
+            pool = %pool,
+            "no member has fresh samples; load balancer keeps its last ratios (fail-static)"
+        ),
+        PoolState::Starting => {}
     }
 }
 
@@ -553,7 +585,7 @@ async fn sample_within(
 }
 
 /// Whether a sink changes state outside this process (and so must be left to the leader).
-fn pushes_outside(sink: &SinkConfig) -> bool {
+pub fn pushes_outside(sink: &SinkConfig) -> bool {
     use llm_lc_adapters::envoy::EnvoyMode;
     use llm_lc_adapters::haproxy::HaproxyMode;
     match sink {
@@ -562,10 +594,6 @@ fn pushes_outside(sink: &SinkConfig) -> bool {
         SinkConfig::Haproxy(h) => h.mode != HaproxyMode::Agent,
         SinkConfig::F5(_) | SinkConfig::Webhook(_) => true,
     }
-}
-
-fn timeout_err(pool: &str, d: Duration) -> SinkError {
-    SinkError::Unreachable { target: format!("pool {pool:?}"), detail: format!("no answer within {d:?}") }
 }
 
 /// How each cycle is printed on stdout.
@@ -580,29 +608,52 @@ pub enum Output {
 }
 
 /// Run cycles on the interval until `shutdown` resolves (or once, with `once`). Returns whether the
-/// last cycle computed ratios for every pool. A cycle in flight when `shutdown` fires is abandoned:
-/// sinks apply changes atomically or not at all, so nothing half-done is left behind.
+/// last cycle computed ratios for every pool. This is the one control loop: a config reload
+/// (`reload`, for `run --config FILE`) is an input to it, applied between two cycles. A cycle in
+/// flight when `shutdown` fires is abandoned; pushes in flight get a few seconds to finish (sinks
+/// apply changes atomically or not at all, so nothing half-done is left behind).
 pub async fn run(
-    mut controller: Controller,
+    controller: Controller,
     output: Output,
     once: bool,
     shutdown: impl std::future::Future<Output = ()>,
+    mut reload: Option<crate::reload::Reloader>,
 ) -> bool {
-    let mut ticker = tokio::time::interval(controller.interval());
-    // A slow cycle delays the next one instead of firing a burst to catch up.
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticker = new_ticker(controller.interval());
+    let mut controller = Some(controller);
     tokio::pin!(shutdown);
+    // Without a config file to reload, SIGHUP is still caught so that it does not kill the process.
+    let mut hangups = crate::signal::hangups();
     let mut last_ok = true;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             _ = ticker.tick() => {}
+            _ = hangups.recv(), if reload.is_none() => {
+                tracing::info!("SIGHUP received; no config file to reload (started without --config)");
+                continue;
+            }
+            Some(new_cfg) = next_config(&mut reload) => {
+                if let Some(r) = reload.as_mut() {
+                    if r.apply(new_cfg, &mut controller).await {
+                        ticker = new_ticker(r.cfg.interval);
+                    }
+                }
+                continue;
+            }
         }
+        if controller.is_none() {
+            controller = reload.as_ref().and_then(|r| r.rebuild(&BTreeMap::new()));
+        }
+        let Some(c) = controller.as_mut() else { continue };
         let (report, ok) = tokio::select! {
             _ = &mut shutdown => break,
-            r = controller.cycle() => r,
+            r = c.cycle() => r,
         };
         last_ok = ok;
+        if let Some(r) = reload.as_mut() {
+            r.after_cycle(&report);
+        }
         match output {
             Output::Text => println!("{}", report.to_table()),
             Output::Json => println!("{}", report.to_json_line()),
@@ -612,6 +663,23 @@ pub async fn run(
             break;
         }
     }
-    controller.shutdown().await;
+    if let Some(mut c) = controller {
+        c.shutdown().await;
+    }
     last_ok
+}
+
+/// The next config from the reload input; never resolves without one.
+async fn next_config(reload: &mut Option<crate::reload::Reloader>) -> Option<Config> {
+    match reload.as_mut() {
+        Some(r) => r.configs.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn new_ticker(interval: Duration) -> tokio::time::Interval {
+    let mut t = tokio::time::interval(interval);
+    // A slow cycle delays the next one instead of firing a burst to catch up.
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
 }

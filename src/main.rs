@@ -11,7 +11,7 @@ use llm_load_controller::controller::{self, Controller, Output};
 use llm_load_controller::leader::{self, Leadership};
 use llm_load_controller::quickstart::QuickStart;
 use llm_load_controller::telemetry::Telemetry;
-use llm_load_controller::{adapters, bench, demo, proxy, reload, sim};
+use llm_load_controller::{adapters, reload, signal};
 
 #[derive(Parser)]
 #[command(
@@ -34,13 +34,17 @@ enum Command {
         config: PathBuf,
     },
     /// Run a simulated vLLM fleet (OpenAI API + vLLM metrics).
-    Sim(sim::SimArgs),
+    #[cfg(feature = "tools")]
+    Sim(llm_lc_sim::SimArgs),
     /// Virtual-time benchmark: balancers and policies compared on simulated fleets.
-    Bench(bench::BenchArgs),
+    #[cfg(feature = "tools")]
+    Bench(llm_lc_bench::BenchArgs),
     /// Reference proxy: routing table on the request body, then weighted choice by ratios.
-    Proxy(proxy::ProxyArgs),
+    #[cfg(feature = "tools")]
+    Proxy(llm_lc_proxy::ProxyArgs),
     /// Live demonstration on a simulated fleet: round robin, then dynamic ratios, then a spike.
-    Demo(demo::DemoArgs),
+    #[cfg(feature = "tools")]
+    Demo(llm_lc_demo::DemoArgs),
 }
 
 #[derive(clap::Args)]
@@ -106,22 +110,27 @@ async fn main() -> ExitCode {
     match cli.command {
         Command::Check { config } => check(&config),
         Command::Run(args) => run(args).await,
+        #[cfg(feature = "tools")]
         Command::Sim(args) => {
             init_logging(LogFormat::Text);
-            report(sim::run(args).await)
+            report(llm_lc_sim::run(args, signal::shutdown()).await)
         }
-        Command::Bench(args) => report(bench::run(args)),
+        #[cfg(feature = "tools")]
+        Command::Bench(args) => report(llm_load_controller::tools::bench(args)),
+        #[cfg(feature = "tools")]
         Command::Demo(args) => {
             init_logging(LogFormat::Text);
-            report(demo::run(args).await)
+            report(llm_lc_demo::run(args, &llm_load_controller::tools::InProcess, signal::shutdown()).await)
         }
+        #[cfg(feature = "tools")]
         Command::Proxy(args) => {
             init_logging(LogFormat::Text);
-            report(proxy::run(args).await)
+            report(llm_lc_proxy::run(args, signal::shutdown()).await)
         }
     }
 }
 
+#[cfg(feature = "tools")]
 fn report(r: anyhow::Result<()>) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -207,29 +216,49 @@ async fn run(args: RunArgs) -> ExitCode {
     };
     leadership.report_to(telemetry.clone());
     controller.set_leadership(leadership.subscribe());
-    let listener = match tokio::net::TcpListener::bind(cfg.listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("error: cannot listen on {}: {e}", cfg.listen);
-            leadership.stop().await;
-            return ExitCode::from(2);
+    // `--once` prints one cycle and exits: it serves nothing, so it needs no port.
+    let listener = if args.once {
+        None
+    } else {
+        match tokio::net::TcpListener::bind(cfg.listen).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("error: cannot listen on {}: {e}", cfg.listen);
+                leadership.stop().await;
+                return ExitCode::from(2);
+            }
         }
     };
-    let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let addr = listener.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default();
     tracing::info!(listen = %addr, pools = cfg.pools.len(), interval = ?cfg.interval, dry_run = args.dry_run, "controller started");
-    let app = telemetry.router().merge(ctx.eds.clone().router());
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let stop_serving = tokio_util::sync::CancellationToken::new();
+    let server = listener.map(|listener| {
+        let app = telemetry.router().merge(ctx.eds.clone().router());
+        let stop = stop_serving.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await
+        })
+    });
 
-    let ok = match (&args.config, file_text) {
+    let reloader = match (&args.config, file_text) {
         (Some(path), Some(text)) if !args.once => {
-            let builder =
-                reload::Builder { telemetry, dry_run: args.dry_run, ctx, leader: leadership.subscribe() };
-            reload::run(controller, cfg, path, text, builder, output, llm_load_controller::signal::shutdown())
-                .await
+            let configs = reload::watch_file(path, text, cfg.interval, telemetry.clone());
+            let builder = reload::Builder {
+                telemetry: telemetry.clone(),
+                dry_run: args.dry_run,
+                ctx,
+                leader: leadership.subscribe(),
+            };
+            Some(reload::Reloader::new(configs, builder, cfg, path))
         }
-        _ => controller::run(controller, output, args.once, llm_load_controller::signal::shutdown()).await,
+        _ => None,
     };
-    server.abort();
+    let ok = controller::run(controller, output, args.once, signal::shutdown(), reloader).await;
+    // Let open requests (a scrape, an EDS poll) finish, but do not wait on a client that hangs.
+    stop_serving.cancel();
+    if let Some(server) = server {
+        let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    }
     leadership.stop().await;
     tracing::info!("controller stopped");
     if ok || !args.once {

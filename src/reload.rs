@@ -1,5 +1,6 @@
-//! Live config reload: the control loop for `run --config FILE`, which picks up changes of the file
-//! while it runs.
+//! Live config reload for `run --config FILE`: an input of the one control loop
+//! ([`crate::controller::run`]). [`watch_file`] notices changes and validates them off the control
+//! task; [`Reloader`] swaps the controller between two cycles.
 //!
 //! How a change is seen: the file's content is polled (twice per cycle interval, between 0.2 s and
 //! 2 s) and compared with what was last read. Polling the content rather than watching inotify events
@@ -28,7 +29,7 @@ use llm_lc_adapters::SinkContext;
 use tokio::sync::watch;
 
 use crate::config::{self, Config, ConfigError, ConfigErrors};
-use crate::controller::{Controller, Output};
+use crate::controller::Controller;
 use crate::report::CycleReport;
 use crate::telemetry::{labels, Telemetry};
 
@@ -42,6 +43,18 @@ pub fn read(path: &Path) -> Result<(Config, Vec<u8>), ConfigErrors> {
 }
 
 fn parse(path: &Path, bytes: &[u8]) -> Result<Config, ConfigErrors> {
+    if bytes.len() > MAX_CONFIG_BYTES {
+        return Err(one_error(
+            path,
+            format!("{} bytes is more than a config file may have ({MAX_CONFIG_BYTES})", bytes.len()),
+        ));
+    }
+    if let Some(depth) = nesting_beyond(bytes, MAX_CONFIG_DEPTH) {
+        return Err(one_error(
+            path,
+            format!("nested deeper than {MAX_CONFIG_DEPTH} levels (at least {depth})"),
+        ));
+    }
     let text = std::str::from_utf8(bytes).map_err(|e| one_error(path, format!("not UTF-8 text: {e}")))?;
     config::parse(path, text)
 }
@@ -53,6 +66,31 @@ fn one_error(path: &Path, message: String) -> ConfigErrors {
         field: String::new(),
         message,
     }])
+}
+
+/// Whether brackets/braces (YAML flow style) or indentation nest deeper than `limit`; returns the
+/// depth found. A cheap scan before parsing, so a hostile document cannot make the parser recurse.
+fn nesting_beyond(bytes: &[u8], limit: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for &b in bytes {
+        match b {
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return Some(depth);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    // Block style: each level indents by at least one space.
+    let deepest = bytes
+        .split(|&b| b == b'\n')
+        .map(|line| line.iter().take_while(|&&b| b == b' ' || b == b'-').count())
+        .max()
+        .unwrap_or(0);
+    (deepest > limit * 4).then_some(deepest / 2)
 }
 
 /// How often the file is read: twice per cycle, within 0.2 s..2 s.
@@ -77,19 +115,29 @@ impl Builder {
     }
 }
 
+/// Largest config file accepted; a bigger one is rejected before parsing.
+pub const MAX_CONFIG_BYTES: usize = 1 << 20;
+/// Deepest nesting accepted (YAML flow collections count too); a config is a few levels deep, and a
+/// pathological document must not stall the parser.
+pub const MAX_CONFIG_DEPTH: usize = 64;
+
 /// Watches one file's content.
 struct FileWatch {
     path: PathBuf,
-    /// The bytes of the config in force.
+    /// The bytes of the config last handed to the loop.
     active: Vec<u8>,
     /// What the last look found (content or read error), so one change is handled once.
     last_seen: Result<Vec<u8>, String>,
 }
 
 impl FileWatch {
-    /// A valid new config, if the file changed to one. Rejections are reported here.
-    fn check(&mut self, telemetry: &Telemetry) -> Option<(Config, Vec<u8>)> {
-        let now = std::fs::read(&self.path).map_err(|e| e.to_string());
+    /// A valid new config, if the file changed to one. Rejections are reported here. Reading and
+    /// parsing run on a blocking thread: a huge or deeply nested file never stalls the control loop.
+    async fn check(&mut self, telemetry: &Telemetry) -> Option<Config> {
+        let path = self.path.clone();
+        let now = tokio::task::spawn_blocking(move || std::fs::read(&path).map_err(|e| e.to_string()))
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
         if now == self.last_seen {
             return None;
         }
@@ -109,15 +157,62 @@ impl FileWatch {
                 tracing::info!(file = %self.path.display(), "config file is back to the config in force");
                 None
             }
-            Ok(bytes) => match parse(&self.path, &bytes) {
-                Ok(cfg) => Some((cfg, bytes)),
-                Err(errs) => {
-                    reject(telemetry, &self.path, &errs.to_string());
-                    None
+            Ok(bytes) => {
+                let path = self.path.clone();
+                let parsed = {
+                    let bytes = bytes.clone();
+                    tokio::task::spawn_blocking(move || parse(&path, &bytes))
+                        .await
+                        .unwrap_or_else(|e| Err(one_error(&self.path, format!("parser failed: {e}"))))
+                };
+                match parsed {
+                    Ok(cfg) => {
+                        self.active = bytes;
+                        Some(cfg)
+                    }
+                    Err(errs) => {
+                        reject(telemetry, &self.path, &errs.to_string());
+                        None
+                    }
                 }
-            },
+            }
         }
     }
+}
+
+/// Watch `path` for changes (polled twice per interval, and at once on SIGHUP) and send each valid
+/// new config. Runs as its own task, so reading and parsing never hold up a cycle.
+pub fn watch_file(
+    path: &Path,
+    text: Vec<u8>,
+    interval: Duration,
+    telemetry: Arc<Telemetry>,
+) -> tokio::sync::mpsc::Receiver<Config> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let mut watch = FileWatch { path: path.to_path_buf(), active: text.clone(), last_seen: Ok(text) };
+    tokio::spawn(async move {
+        let mut poll = tokio::time::interval(poll_period(interval));
+        let mut hup = crate::signal::hangups();
+        loop {
+            tokio::select! {
+                _ = poll.tick() => {}
+                _ = hup.recv() => {
+                    tracing::info!(file = %watch.path.display(), "SIGHUP received, reading the config file");
+                    // Re-read even when the content looks unchanged to this watcher.
+                    watch.last_seen = Err(String::new());
+                }
+                _ = tx.closed() => break,
+            }
+            if let Some(cfg) = watch.check(&telemetry).await {
+                let new_interval = cfg.interval;
+                if tx.send(cfg).await.is_err() {
+                    break;
+                }
+                poll = tokio::time::interval(poll_period(new_interval));
+            }
+        }
+    });
+    rx
 }
 
 fn reject(telemetry: &Telemetry, path: &Path, why: &str) {
@@ -175,111 +270,80 @@ fn forget_gone(telemetry: &Telemetry, before: &CycleReport, after: &CycleReport)
     }
 }
 
-/// Run cycles on the interval until `shutdown`, reloading `path` when it changes. Returns whether
-/// the last cycle computed ratios for every pool (as [`crate::controller::run`]).
-pub async fn run(
-    controller: Controller,
-    cfg: Config,
-    path: &Path,
-    text: Vec<u8>,
-    builder: Builder,
-    output: Output,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> bool {
-    let mut watch = FileWatch { path: path.to_path_buf(), active: text.clone(), last_seen: Ok(text) };
-    let mut cfg = cfg;
-    // `None` only if neither the new nor the old config could be built; retried every tick.
-    let mut controller = Some(controller);
-    let mut ticker = new_ticker(cfg.interval);
-    let mut poll = tokio::time::interval(poll_period(cfg.interval));
-    let mut before_reload: Option<CycleReport> = None;
-    tokio::pin!(shutdown);
-    let mut last_ok = true;
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = ticker.tick() => {}
-            _ = poll.tick() => {
-                if let Some((new_cfg, bytes)) = watch.check(&builder.telemetry) {
-                    let old = controller.take();
-                    let seeds = old.as_ref().map(Controller::computed_ratios).unwrap_or_default();
-                    if let Some(old) = old {
-                        old.shutdown().await;
-                    }
-                    warn_restart_only(&cfg, &new_cfg);
-                    match builder.build(&new_cfg) {
-                        Ok(mut c) => {
-                            c.seed_ratios(&seeds);
-                            controller = Some(c);
-                            before_reload = builder.telemetry.last_report();
-                            watch.active = bytes;
-                            let interval_changed = new_cfg.interval != cfg.interval;
-                            cfg = new_cfg;
-                            builder.telemetry.set_schedule(cfg.interval, cfg.unready_after_cycles);
-                            let m = &builder.telemetry.metrics;
-                            m.config_reloads.get_or_create(&labels(&[("result", "applied")])).inc();
-                            clear_rejection(&builder.telemetry);
-                            tracing::info!(file = %path.display(), pools = cfg.pools.len(), interval = ?cfg.interval, "config reloaded");
-                            if interval_changed {
-                                ticker = new_ticker(cfg.interval);
-                                poll = tokio::time::interval(poll_period(cfg.interval));
-                            }
-                        }
-                        Err(e) => {
-                            reject(&builder.telemetry, path, &format!("{}: {e}", path.display()));
-                            controller = rebuild(&builder, &cfg, &seeds);
-                        }
-                    }
-                }
-                continue;
+/// Config reload as an input of the control loop ([`crate::controller::run`]): new configs arrive
+/// from [`watch`], and [`Reloader::apply`] swaps the controller between two cycles.
+pub struct Reloader {
+    pub configs: tokio::sync::mpsc::Receiver<Config>,
+    pub builder: Builder,
+    /// The config in force.
+    pub cfg: Config,
+    pub path: PathBuf,
+    /// The last report before a reload, to drop gauges of pools and members that are gone.
+    before_reload: Option<CycleReport>,
+}
+
+impl Reloader {
+    pub fn new(
+        configs: tokio::sync::mpsc::Receiver<Config>,
+        builder: Builder,
+        cfg: Config,
+        path: &Path,
+    ) -> Self {
+        Reloader { configs, builder, cfg, path: path.to_path_buf(), before_reload: None }
+    }
+
+    /// Replace `controller` with one built from `new_cfg`, starting from the ratios the old one
+    /// computed. If the new one cannot be built, the change is rejected and the old config is
+    /// rebuilt. Returns whether the interval changed.
+    pub async fn apply(&mut self, new_cfg: Config, controller: &mut Option<Controller>) -> bool {
+        let telemetry = self.builder.telemetry.clone();
+        let old = controller.take();
+        let seeds = old.as_ref().map(Controller::computed_ratios).unwrap_or_default();
+        if let Some(mut old) = old {
+            old.shutdown().await;
+        }
+        warn_restart_only(&self.cfg, &new_cfg);
+        match self.builder.build(&new_cfg) {
+            Ok(mut c) => {
+                c.seed_ratios(&seeds);
+                *controller = Some(c);
+                self.before_reload = telemetry.last_report();
+                let interval_changed = new_cfg.interval != self.cfg.interval;
+                self.cfg = new_cfg;
+                telemetry.set_schedule(self.cfg.interval, self.cfg.unready_after_cycles);
+                telemetry.metrics.config_reloads.get_or_create(&labels(&[("result", "applied")])).inc();
+                clear_rejection(&telemetry);
+                tracing::info!(file = %self.path.display(), pools = self.cfg.pools.len(), interval = ?self.cfg.interval, "config reloaded");
+                interval_changed
+            }
+            Err(e) => {
+                reject(&telemetry, &self.path, &format!("{}: {e}", self.path.display()));
+                *controller = self.rebuild(&seeds);
+                false
             }
         }
-        if controller.is_none() {
-            controller = rebuild(&builder, &cfg, &BTreeMap::new());
-        }
-        let Some(c) = controller.as_mut() else { continue };
-        let (report, ok) = tokio::select! {
-            _ = &mut shutdown => break,
-            r = c.cycle() => r,
-        };
-        last_ok = ok;
-        if let Some(before) = before_reload.take() {
-            forget_gone(&builder.telemetry, &before, &report);
-        }
-        match output {
-            Output::Text => println!("{}", report.to_table()),
-            Output::Json => println!("{}", report.to_json_line()),
-            Output::Quiet => {}
-        }
     }
-    if let Some(c) = controller {
-        c.shutdown().await;
-    }
-    last_ok
-}
 
-fn rebuild(
-    builder: &Builder,
-    cfg: &Config,
-    seeds: &BTreeMap<String, llm_lc_adapters::Ratios>,
-) -> Option<Controller> {
-    match builder.build(cfg) {
-        Ok(mut c) => {
-            c.seed_ratios(seeds);
-            Some(c)
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "cannot rebuild the controller from the config in force; retrying every cycle");
-            None
+    /// Build the controller of the config in force (after a failed swap, or retried every cycle).
+    pub fn rebuild(&self, seeds: &BTreeMap<String, llm_lc_adapters::Ratios>) -> Option<Controller> {
+        match self.builder.build(&self.cfg) {
+            Ok(mut c) => {
+                c.seed_ratios(seeds);
+                Some(c)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot rebuild the controller from the config in force; retrying every cycle");
+                None
+            }
         }
     }
-}
 
-fn new_ticker(interval: Duration) -> tokio::time::Interval {
-    let mut t = tokio::time::interval(interval);
-    // A slow cycle delays the next one instead of firing a burst to catch up.
-    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    t
+    /// After the first cycle of a new controller: drop gauges of what the new config no longer has.
+    pub fn after_cycle(&mut self, report: &CycleReport) {
+        if let Some(before) = self.before_reload.take() {
+            forget_gone(&self.builder.telemetry, &before, report);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::cycle::{PoolState, PushOutcome};
+
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct CycleReport {
     /// RFC 3339 UTC time the cycle started.
@@ -16,14 +18,15 @@ pub struct CycleReport {
 pub struct PoolReport {
     pub pool: String,
     /// `ok`, `source_down` or `stale`.
-    pub state: &'static str,
+    pub state: PoolState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub policy: &'static str,
     pub sink: &'static str,
     /// What happened to the push: `pushed`, `unchanged`, `dry_run`, `held` (fail-static), `backoff`,
-    /// `refused_drain`, `follower` (another replica holds the leader lease), or `error`.
-    pub push: &'static str,
+    /// `refused_drain`, `follower` (another replica holds the leader lease), `in_progress` (the
+    /// previous push still runs) or `error`.
+    pub push: PushOutcome,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub saturation: Option<f64>,
     pub members: Vec<MemberReport>,
@@ -60,7 +63,12 @@ impl CycleReport {
             let _ = write!(
                 s,
                 "{}  pool {}  [{} -> {}]  state={} push={}",
-                self.ts, p.pool, p.policy, p.sink, p.state, p.push
+                self.ts,
+                p.pool,
+                p.policy,
+                p.sink,
+                p.state.as_str(),
+                p.push.as_str()
             );
             if let Some(sat) = p.saturation {
                 let _ = write!(s, " saturation={:.0}%", sat * 100.0);

@@ -22,3 +22,35 @@ pub async fn shutdown() {
         _ = term => tracing::info!("SIGTERM received, stopping"),
     }
 }
+
+/// SIGHUPs, where daemons take them as "read your config again". Without a config file to reload
+/// the signal is still caught (and logged), so it never kills the process.
+pub struct Hangups {
+    #[cfg(unix)]
+    inner: Option<tokio::signal::unix::Signal>,
+}
+
+/// Start listening for SIGHUP.
+pub fn hangups() -> Hangups {
+    #[cfg(unix)]
+    {
+        Hangups { inner: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok() }
+    }
+    #[cfg(not(unix))]
+    {
+        Hangups {}
+    }
+}
+
+impl Hangups {
+    /// The next SIGHUP (never, where signals are not available).
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        if let Some(s) = self.inner.as_mut() {
+            if s.recv().await.is_some() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await
+    }
+}

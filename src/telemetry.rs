@@ -44,6 +44,12 @@ pub struct Metrics {
     pub source_errors: FCounter,
     pub samples_rejected: FCounter,
     pub pushes: FCounter,
+    /// Member ratios written on load balancers, by pool and sink (each is a config change on BIG-IP).
+    pub sink_writes: FCounter,
+    /// Members of the pool the controller knows (next to `pool_fresh_members`).
+    pub pool_members: FGauge,
+    /// Members that could not be read, by pool, member and a bounded reason.
+    pub member_errors: FCounter,
     pub last_good_cycle: Gauge<f64, AtomicU64>,
     /// 1 while this replica holds the leader lease (or runs without election), else 0.
     pub leader: Gauge,
@@ -101,6 +107,17 @@ impl Metrics {
             "Values refused (NaN, Inf, negative, KV above 1) by pool, signal and reason",
         );
         let pushes = c(&mut r, "llmlc_pushes", "Push decisions by pool, sink and outcome");
+        let sink_writes = c(
+            &mut r,
+            "llmlc_sink_writes",
+            "Member ratios written on the load balancer by pool and sink (a configuration change on BIG-IP)",
+        );
+        let pool_members = g(&mut r, "llmlc_pool_members", "Members the controller knows in the pool");
+        let member_errors = c(
+            &mut r,
+            "llmlc_member_errors",
+            "Members that could not be read in a cycle, by pool, member and reason",
+        );
         let last_good_cycle = Gauge::<f64, AtomicU64>::default();
         r.register(
             "llmlc_last_good_cycle_timestamp_seconds",
@@ -138,6 +155,9 @@ impl Metrics {
             source_errors,
             samples_rejected,
             pushes,
+            sink_writes,
+            pool_members,
+            member_errors,
             last_good_cycle,
             leader,
             config_reloads,

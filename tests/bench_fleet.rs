@@ -4,7 +4,8 @@
 use std::process::Command;
 
 use clap::Parser;
-use llm_load_controller::bench::{self, BenchArgs, ScenarioReport, Settings};
+use llm_lc_bench::{self as bench, BenchArgs, ScenarioReport, Settings};
+use llm_load_controller::tools::{scale, BenchControls};
 
 #[derive(clap::Parser)]
 struct Cli {
@@ -37,7 +38,7 @@ fn args(scenario: &str, load: f64, balancers: &[&str]) -> BenchArgs {
 }
 
 fn report(a: &BenchArgs) -> ScenarioReport {
-    let settings = Settings::from_args(a).expect("valid arguments");
+    let settings = Settings::from_args(a, BenchControls::shared()).expect("valid arguments");
     bench::run_scenario(&a.scenario, a.load, &settings).expect("run").report
 }
 
@@ -166,7 +167,7 @@ fn cli_prints_json_and_refuses_unknown_names() {
 
 #[test]
 fn controller_scale_reports_time_and_memory() {
-    let r = bench::scale::measure(50, 10, 3, 1).expect("measure");
+    let r = scale::measure(50, 10, 3, 1).expect("measure");
     assert_eq!(r.members, 500);
     assert!(r.cycle.median_ms > 0.0 && r.cycle.median_ms < 5_000.0, "{:?}", r.cycle);
     assert!(r.changed_members_per_cycle > 0.0);

@@ -221,8 +221,8 @@ async fn slowed_replica_loses_traffic_behind_haproxy_leastconn() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
+    use llm_lc_sim::{start_fleet, FleetConfig, ModelProfile};
     use llm_lc_testkit::haproxy::{standard_config, Haproxy};
-    use llm_load_controller::sim::{start_fleet, FleetConfig, ModelProfile};
 
     let fleet = start_fleet(FleetConfig::new(ModelProfile::tiny(), &[1.0, 1.0, 1.0])).await.expect("fleet");
     let addrs: Vec<String> = fleet.addrs().iter().map(|a| a.to_string()).collect();
@@ -252,7 +252,7 @@ async fn slowed_replica_loses_traffic_behind_haproxy_leastconn() {
         }));
     }
     // Requests served per replica: each has a 100-token prompt.
-    let served = |fleet: &llm_load_controller::sim::Fleet| -> Vec<u64> {
+    let served = |fleet: &llm_lc_sim::Fleet| -> Vec<u64> {
         (0..3).map(|i| fleet.stats(i).map(|s| s.prompt_tokens_total / 100).unwrap_or(0)).collect()
     };
 

@@ -122,10 +122,10 @@ async fn controller_saturation_sheds_sheddable_traffic() {
         ts: "2026-01-01T00:00:00Z".into(),
         pools: vec![PoolReport {
             pool: "llm".into(),
-            state: "ok",
+            state: llm_load_controller::cycle::PoolState::Ok,
             policy: "feedback",
             sink: "webhook",
-            push: "pushed",
+            push: llm_load_controller::cycle::PushOutcome::Pushed,
             saturation: Some(0.95),
             members: vec![MemberReport { member: member.clone(), ratio: 7, ..Default::default() }],
             ..Default::default()

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 
 use axum::http::HeaderMap;
-use llm_load_controller::proxy::{bigip, config, Target};
+use llm_lc_proxy::{bigip, config, Target};
 use serde_json::{json, Value};
 
 /// Tcl string literal.

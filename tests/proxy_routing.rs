@@ -10,9 +10,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use llm_lc_proxy::config;
+use llm_lc_sim::ModelProfile;
 use llm_lc_testkit::wait;
-use llm_load_controller::proxy::config;
-use llm_load_controller::sim::ModelProfile;
 use proxy_util::*;
 use serde_json::{json, Value};
 

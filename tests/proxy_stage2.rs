@@ -14,10 +14,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use llm_lc_adapters::webhook::{WebhookConfig, WebhookSink};
 use llm_lc_adapters::{MemberId, RatioSink, Ratios, SinkError};
+use llm_lc_proxy::WeightSource;
+use llm_lc_sim::ModelProfile;
 use llm_lc_testkit::wait;
 use llm_load_controller::controller::{self, Controller, Output};
-use llm_load_controller::proxy::WeightSource;
-use llm_load_controller::sim::ModelProfile;
 use llm_load_controller::telemetry::Telemetry;
 use proxy_util::*;
 use serde_json::json;
@@ -194,9 +194,10 @@ async fn real_controller_feeds_ratios_by_webhook_and_by_poll() {
     let app = telemetry.router();
     let server = tokio::spawn(async move { axum::serve(ctl_listener, app).await });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let ctl_task = tokio::spawn(controller::run(ctl, Output::Quiet, false, async move {
+    let until_stopped = async move {
         let _ = stopped.await;
-    }));
+    };
+    let ctl_task = tokio::spawn(controller::run(ctl, Output::Quiet, false, until_stopped, None));
 
     // Load on replica 0 only, so the controller's ratios differ between the members.
     let c = client();

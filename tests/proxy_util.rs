@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use llm_load_controller::proxy::{self, ProxyConfig, ProxyHandle};
-use llm_load_controller::sim::{start_fleet, Fleet, FleetConfig, ModelProfile, ReplicaConfig};
+use llm_lc_proxy::{self as proxy, ProxyConfig, ProxyHandle};
+use llm_lc_sim::{start_fleet, Fleet, FleetConfig, ModelProfile, ReplicaConfig};
 use serde_json::Value;
 use tokio::net::TcpListener;
 

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use llm_load_controller::sim::engine::{Engine, EngineEvent, EngineRequest, FinishReason};
-use llm_load_controller::sim::profile::{ModelProfile, BLOCK_SIZE};
+use llm_lc_sim::engine::{Engine, EngineEvent, EngineRequest, FinishReason};
+use llm_lc_sim::profile::{ModelProfile, BLOCK_SIZE};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]

@@ -6,8 +6,8 @@ mod sim_util;
 
 use std::time::Duration;
 
+use llm_lc_sim::{ModelProfile, ReplicaStatus};
 use llm_lc_testkit::wait;
-use llm_load_controller::sim::{ModelProfile, ReplicaStatus};
 use serde_json::json;
 use sim_util::*;
 
@@ -109,7 +109,7 @@ async fn down_closes_the_port_and_up_restarts_empty() {
     assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "port still open after down");
     let (broken, done) = tokio::time::timeout(Duration::from_secs(5), reader).await.unwrap().unwrap();
     assert!(broken && !done, "the in-flight stream must break, not finish");
-    assert!(matches!(f.down(1).await, Err(llm_load_controller::sim::SimError::AlreadyDown(1))));
+    assert!(matches!(f.down(1).await, Err(llm_lc_sim::SimError::AlreadyDown(1))));
     // The other replica still serves.
     assert_eq!(post(&format!("{}/v1/completions", f.urls()[0]), &completion()).await.0, 200);
 

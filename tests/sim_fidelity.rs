@@ -10,8 +10,8 @@
 //!   (<5% more from 512 to 1024 clients); batching 8 clients gives 5-8x one client (the A100 sweep
 //!   measured 6.6x on the same model and engine).
 
-use llm_load_controller::sim::engine::{Engine, EngineEvent, EngineRequest};
-use llm_load_controller::sim::profile::ModelProfile;
+use llm_lc_sim::engine::{Engine, EngineEvent, EngineRequest};
+use llm_lc_sim::profile::ModelProfile;
 
 fn h100() -> Engine {
     Engine::new(&ModelProfile::llama_8b_h100(), 1.0).expect("built-in profile is valid")

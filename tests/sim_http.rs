@@ -6,7 +6,7 @@ mod sim_util;
 
 use std::time::{Duration, Instant};
 
-use llm_load_controller::sim::{ModelProfile, OutputLen};
+use llm_lc_sim::{ModelProfile, OutputLen};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use sim_util::*;

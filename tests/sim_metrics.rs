@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use llm_lc_adapters::MemberId;
+use llm_lc_sim::{MetricsStyle, ModelProfile};
 use llm_lc_testkit::prometheus::Prometheus;
 use llm_load_controller::config::{JoinConfig, ScrapeConfig};
-use llm_load_controller::sim::{MetricsStyle, ModelProfile};
 use llm_load_controller::source::profile::ProfileName;
 use llm_load_controller::source::scrape::{self, ScrapeSource};
 use llm_load_controller::source::{Join, PoolQuery, Sample};

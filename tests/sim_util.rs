@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use llm_load_controller::sim::{start_fleet, Fleet, FleetConfig, ModelProfile};
+use llm_lc_sim::{start_fleet, Fleet, FleetConfig, ModelProfile};
 use serde_json::Value;
 
 /// A fleet on free loopback ports.

@@ -1,6 +1,6 @@
 //! The simulated load balancers: which replica each request goes to.
 //!
-//! All but `epp` are [`crate::picker::Picker`], the code the reference proxy runs. What each one
+//! All but `epp` are [`llm_lc_balance::Picker`], the code the reference proxy runs. What each one
 //! knows, as in life:
 //! - in-flight counts are the balancer's own (a real LB counts its connections), exact and instant;
 //! - weights are the controller's ratios, as of the last push;
@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::picker::{Algorithm, Picker};
+use llm_lc_balance::{Algorithm, Picker};
 
 /// A balancer under test. Names are fixed (CLI, JSON, tables).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]

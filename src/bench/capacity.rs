@@ -20,8 +20,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::workload::{LengthMix, Lengths};
-use crate::sim::engine::{Engine, EngineEvent, EngineRequest};
-use crate::sim::profile::ModelProfile;
+use llm_lc_sim::engine::{Engine, EngineEvent, EngineRequest};
+use llm_lc_sim::profile::ModelProfile;
 
 const CALIBRATION_SEED: u64 = 0xca11_b8a7;
 

@@ -11,8 +11,8 @@
 //!   value and its age. The mean processing time is the histogram's growth over the latency window
 //!   (Prometheus: `rate(sum[1m]) / rate(count[1m])`, the first and last scrape inside the minute;
 //!   direct scrape: since the previous cycle), and absent when no request finished in it;
-//! - `Push`: one control cycle: [`PoolPolicy::compute`] on the recorded samples (exactly what the
-//!   controller runs), and the balancer gets the ratios at once;
+//! - `Push`: one control cycle: the controller's own cycle ([`super::control`]) on the recorded
+//!   samples, and the balancer gets the ratios at once;
 //! - `EppRefresh`: the endpoint picker copies every replica's gauges (every 50 ms);
 //! - `Tick`: once a second, spreads across replicas are sampled (and recorded for plots);
 //! - `Speed(r)`: a scenario event (a replica slows down).
@@ -28,22 +28,19 @@
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use llm_lc_adapters::{MemberId, Ratios};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::balancer::{Balancer, EppView, Lb};
+use super::control::{Control, ControlSpec, Controller, Observation};
 use super::scenario::{replica_profile, Scenario};
 use super::stats::{percentile, sort, LogHistogram, Spread};
 use super::workload::{Arrivals, Lengths};
-use crate::config::RatioRange;
-use crate::policy::{PolicyConfig, PoolPolicy};
-use crate::sim::engine::{Engine, EngineEvent, EngineRequest, EngineStats};
-use crate::sim::profile::ModelProfile;
-use crate::source::{Sample, Snapshot};
+use llm_lc_sim::engine::{Engine, EngineEvent, EngineRequest, EngineStats};
+use llm_lc_sim::profile::ModelProfile;
 
 /// How stale each party's view of the fleet is.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -90,8 +87,8 @@ pub struct RunSpec {
     /// Base arrival rate, requests/s (the scenario's shape multiplies it).
     pub arrival_rps: f64,
     pub balancer: Balancer,
-    pub policy: PolicyConfig,
-    pub ratio_range: RatioRange,
+    pub controller: Controller,
+    pub control: ControlSpec,
     pub signals: Signals,
     /// Clients give up on a request not scheduled within this many seconds.
     pub timeout_s: f64,
@@ -223,9 +220,7 @@ struct Sim<'a> {
     serial: u64,
     in_flight: u64,
     lb: Lb,
-    policy: Option<PoolPolicy>,
-    members: Vec<MemberId>,
-    prev: Ratios,
+    control: Option<Box<dyn Control>>,
     arrivals: Arrivals,
     arrival_rng: ChaCha8Rng,
     length_rng: ChaCha8Rng,
@@ -284,19 +279,22 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
         });
     }
     let sig = &spec.signals;
-    let policy = spec.balancer.uses_ratios().then(|| {
-        PoolPolicy::new(
-            &spec.policy,
-            spec.ratio_range,
-            Duration::from_secs_f64(sig.stale_after_s),
-            Duration::from_secs_f64(sig.grace_s),
-            Duration::from_secs_f64(sig.push_interval_s),
-        )
-    });
+    let control = if spec.balancer.uses_ratios() {
+        let control = ControlSpec {
+            push_interval_s: sig.push_interval_s,
+            stale_after_s: sig.stale_after_s,
+            grace_s: sig.grace_s,
+            replicas: n,
+            ..spec.control.clone()
+        };
+        Some(spec.controller.0.build(&control)?)
+    } else {
+        None
+    };
     let mut lb = Lb::new(spec.balancer, n, spec.seed ^ 0x1b);
     if spec.balancer.uses_ratios() {
         // Before the first push every member has the same ratio, as a freshly configured pool.
-        lb.set_weights(&vec![spec.ratio_range.clamp(spec.ratio_range.mid()); n]);
+        lb.set_weights(&vec![spec.control.initial_ratio(); n]);
     }
     let mut sim = Sim {
         spec,
@@ -310,9 +308,7 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
         serial: 0,
         in_flight: 0,
         lb,
-        policy,
-        members: (0..n).map(|r| MemberId(format!("replica-{r:03}:8000"))).collect(),
-        prev: Ratios::default(),
+        control,
         arrivals: Arrivals::new(spec.arrival_rps, sc.shape),
         arrival_rng: stream(spec.seed, 1),
         length_rng: stream(spec.seed, 2),
@@ -582,33 +578,25 @@ impl Sim<'_> {
 
     fn push(&mut self) {
         let now = self.now;
-        let Some(policy) = self.policy.as_mut() else { return };
-        let snap = Snapshot {
-            members: self
-                .members
-                .iter()
-                .zip(&self.reps)
-                .map(|(m, rep)| {
-                    let sample = rep.sample.map(|(s, at, latency)| Sample {
-                        waiting: f64::from(s.waiting),
-                        running: f64::from(s.running),
-                        kv_usage: Some(s.kv_usage),
-                        latency,
-                        age: Duration::from_secs_f64((now - at).max(0.0)),
-                    });
-                    (m.clone(), sample)
+        let Some(control) = self.control.as_mut() else { return };
+        let observations: Vec<Option<Observation>> = self
+            .reps
+            .iter()
+            .map(|rep| {
+                rep.sample.map(|(s, at, latency)| Observation {
+                    waiting: f64::from(s.waiting),
+                    running: f64::from(s.running),
+                    kv_usage: s.kv_usage,
+                    latency_s: latency,
+                    age_s: (now - at).max(0.0),
                 })
-                .collect(),
-            rejected: vec![],
-        };
+            })
+            .collect();
         if self.window_weights.is_none() && now >= self.spec.scenario.duration_s {
             self.window_weights = Some(self.lb.weights());
         }
-        let out = policy.compute(&snap, &self.prev);
-        // As the controller does: with no fresh member it holds (fail-static) and pushes nothing.
-        if out.fresh > 0 {
-            let mid = self.spec.ratio_range.clamp(self.spec.ratio_range.mid());
-            let w: Vec<u32> = self.members.iter().map(|m| out.ratios.get(m).unwrap_or(mid)).collect();
+        // The controller's cycle decides; when it holds (fail-static), the balancer keeps its weights.
+        if let Some(w) = control.cycle(now, &observations) {
             if w != self.lb.weights() {
                 self.lb.set_weights(&w);
                 self.weight_updates += 1;
@@ -617,7 +605,6 @@ impl Sim<'_> {
                 s.weight_t.push(now as f32);
                 s.weights.push(w);
             }
-            self.prev = out.ratios;
         }
         let t = now + self.spec.signals.push_interval_s;
         self.at(t, Ev::Push);

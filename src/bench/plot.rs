@@ -21,7 +21,7 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 }
 
 /// The palette of every chart we draw (the demo's report too).
-pub(crate) fn color(i: usize) -> RGBColor {
+pub fn color(i: usize) -> RGBColor {
     // Okabe-Ito without its yellow (unreadable on white), readable by colour-blind readers.
     const C: &[RGBColor] = &[
         RGBColor(0, 114, 178),

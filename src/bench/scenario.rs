@@ -24,7 +24,7 @@
 use serde::Serialize;
 
 use super::workload::{LengthMix, RateShape};
-use crate::sim::profile::ModelProfile;
+use llm_lc_sim::profile::ModelProfile;
 
 /// Every scenario name, in the order the sweep runs them.
 pub const NAMES: &[&str] =

@@ -6,7 +6,7 @@ use plotters::prelude::*;
 use super::load::Outcome;
 use super::{Tick, PHASES};
 
-use crate::bench::plot::color;
+use llm_lc_bench::plot::color;
 
 /// A line chart of one value per replica over time, with phase boundaries marked.
 fn series_chart(

@@ -142,7 +142,7 @@ async fn state(State(st): State<AdminState>, headers: HeaderMap) -> Response {
     Json(json!({ "pools": pools })).into_response()
 }
 
-/// The parts of the controller's cycle report (`crate::report::CycleReport`) the proxy uses.
+/// The parts of the controller's cycle report (`llm_load_controller::report::CycleReport`) the proxy uses.
 #[derive(Debug, Deserialize)]
 struct PolledReport {
     #[serde(default)]

@@ -9,8 +9,8 @@ use std::time::Duration;
 use llm_lc_adapters::{MemberId, SecretRef};
 use serde::Deserialize;
 
-use crate::config::{ConfigError, ConfigErrors};
-use crate::picker::Algorithm;
+use llm_lc_balance::Algorithm;
+use llm_lc_configfile::{ConfigError, ConfigErrors};
 
 use super::criticality::Criticality;
 use super::route::{RouteTable, RoutesConfig};
@@ -245,8 +245,8 @@ fn one(path: &Path, field: String, message: String) -> ConfigErrors {
 
 /// Parse and validate config text; `path` is only used in messages.
 pub fn parse(path: &Path, text: &str) -> Result<Loaded, ConfigErrors> {
-    let config: ProxyConfig = crate::config::deserialize_yaml(path, text)?;
-    config.compile().map_err(|problems| crate::config::problems_in(path, problems))
+    let config: ProxyConfig = llm_lc_configfile::deserialize_yaml(path, text)?;
+    config.compile().map_err(|problems| llm_lc_configfile::problems_in(path, problems))
 }
 
 impl ProxyConfig {

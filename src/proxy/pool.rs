@@ -1,6 +1,6 @@
 //! Stage 2: one pool's members, their weights and in-flight counts, and the choice of a member.
 //!
-//! The choice itself is [`crate::picker::Picker`], the code the benchmark measures. This module adds
+//! The choice itself is [`llm_lc_balance::Picker`], the code the benchmark measures. This module adds
 //! what a live proxy needs around it: weights from the controller's ratios (equal until the first
 //! ratios arrive; members the ratios do not name get the mean of those they do), passive health
 //! (a member that refused a connection is skipped for a while), and a snapshot for live views.
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use llm_lc_adapters::{MemberId, Ratios};
 use serde::Serialize;
 
-use crate::picker::{Algorithm, Picker};
+use llm_lc_balance::{Algorithm, Picker};
 
 use super::config::PoolConfig;
 use super::criticality::Admission;

@@ -1,13 +1,13 @@
 //! Model canary: a route target can rewrite the body's `model` to one of several adapter versions in
 //! fixed percentages (`model_split: {sql-v1: 90, sql-v2: 10}`).
 //!
-//! The choice uses the shared smooth weighted round robin ([`crate::picker`]), so the percentages are
+//! The choice uses the shared smooth weighted round robin ([`llm_lc_balance`]), so the percentages are
 //! honoured exactly over every window of 100 requests (not just on average, as a random draw would),
 //! and the versions interleave evenly instead of coming in bursts.
 
 use std::sync::Mutex;
 
-use crate::picker::{Algorithm, Picker};
+use llm_lc_balance::{Algorithm, Picker};
 
 use super::route::Split;
 

@@ -1,7 +1,7 @@
 //! Model/GPU profiles: the numbers that make the engine model behave like one model on one GPU.
 //!
 //! A profile holds vLLM's scheduler limits (`max_num_seqs`, `max_num_batched_tokens`, KV blocks) and
-//! the four coefficients of the step-time model in [`crate::sim::engine`]:
+//! the four coefficients of the step-time model in [`crate::engine`]:
 //!
 //! ```text
 //! step_s = (overhead + prefill_token * prefill_tokens + seq * seqs_in_batch + kv_token * kv_tokens_read) / speed

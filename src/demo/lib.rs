@@ -24,11 +24,19 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 
-use crate::controller::{self, Controller, Output};
-use crate::proxy::{self, ProxyHandle};
-use crate::sim::{start_fleet, FleetConfig, ModelProfile, OutputLen};
-use crate::telemetry::Telemetry;
+use llm_lc_proxy::{self as proxy, ProxyHandle};
+use llm_lc_sim::{start_fleet, FleetConfig, ModelProfile, OutputLen};
 use load::{Control, Lengths, Outcome};
+
+/// Starts the controller from a config document (JSON, which is YAML) and runs it until the returned
+/// sender fires or is dropped. Supplied by the controller's binary: this crate cannot depend on the
+/// controller, whose binary depends on it.
+pub trait ControllerLauncher: Send + Sync {
+    fn start(&self, config: &str) -> anyhow::Result<ControllerTask>;
+}
+
+/// A running controller: its task (true when its last cycle was good) and the way to stop it.
+pub type ControllerTask = (tokio::task::JoinHandle<bool>, tokio::sync::oneshot::Sender<()>);
 
 /// Arguments of `llm-load-controller demo`.
 #[derive(Debug, Clone, Args)]
@@ -99,7 +107,13 @@ pub struct Tick {
     pub weights: Vec<u32>,
 }
 
-pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+/// `llm-load-controller demo`; `launcher` starts the real controller in phase 2, and `shutdown`
+/// (Ctrl-C) ends the demo early with its report.
+pub async fn run(
+    args: DemoArgs,
+    launcher: &dyn ControllerLauncher,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     anyhow::ensure!(!args.speeds.is_empty(), "--speeds needs at least one replica");
     anyhow::ensure!(args.load > 0.0 && args.load.is_finite(), "--load must be > 0");
     let profile = demo_profile();
@@ -132,8 +146,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut ticks: Vec<Tick> = Vec::new();
     let mut controller_task: Option<ControllerTask> = None;
     let mut every = tokio::time::interval(Duration::from_millis(500));
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
+    tokio::pin!(shutdown);
     let mut interrupted = false;
     println!(
         "demo: {n} simulated replicas (speeds {:?}) on {}, proxy {proxy_url}; ~{:.1} req/s ({:.0}% of capacity), spike x{}; {:?} per phase",
@@ -147,7 +160,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
     loop {
         tokio::select! {
-            _ = &mut ctrl_c => { interrupted = true; break; }
+            _ = &mut shutdown => { interrupted = true; break; }
             _ = every.tick() => {}
         }
         let t = started.elapsed();
@@ -162,7 +175,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         // Phase 2 starts the controller: a fresh policy, so nothing learnt while its ratios were
         // ignored carries over.
         if phase >= 1 && controller_task.is_none() {
-            controller_task = Some(start_controller(&members, &webhook)?);
+            controller_task = Some(launcher.start(&controller_config(&members, &webhook))?);
         }
         let weights = weights_in_proxy(&proxy, &members);
         let stats: Vec<_> = (0..n).filter_map(|i| fleet.stats(i).ok()).collect();
@@ -202,8 +215,6 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-type ControllerTask = (tokio::task::JoinHandle<bool>, tokio::sync::oneshot::Sender<()>);
-
 /// The reference proxy in front of the fleet: one pool, every request routed to it, smooth weighted
 /// round robin so the weights alone decide the split.
 async fn start_proxy(members: &[String], seed: u64) -> anyhow::Result<ProxyHandle> {
@@ -230,10 +241,10 @@ fn weights_in_proxy(proxy: &ProxyHandle, members: &[String]) -> Vec<u32> {
         .collect()
 }
 
-/// The real controller, in-process: direct scrape, feedback policy, ratios pushed to the proxy by
-/// the `webhook` sink, exactly as a deployment would.
-fn start_controller(members: &[String], webhook: &str) -> anyhow::Result<ControllerTask> {
-    let doc = serde_json::json!({
+/// The real controller's config: direct scrape, feedback policy, ratios pushed to the proxy by the
+/// `webhook` sink, exactly as a deployment would.
+fn controller_config(members: &[String], webhook: &str) -> String {
+    serde_json::json!({
         "interval": "2s",
         "listen": "127.0.0.1:0",
         "sources": {"direct": {"kind": "scrape", "timeout": "500ms"}},
@@ -248,14 +259,6 @@ fn start_controller(members: &[String], webhook: &str) -> anyhow::Result<Control
             "policy": {"kind": "feedback", "gain": 0.3, "smoothing": 0.4, "max_step": 0.2, "latency_weight": 0.0},
             "sink": {"kind": "webhook", "url": webhook},
         }],
-    });
-    let cfg = crate::config::parse(std::path::Path::new("<demo>"), &doc.to_string())
-        .map_err(|e| anyhow::anyhow!("demo controller config: {e}"))?;
-    let telemetry = Telemetry::new(cfg.interval, cfg.unready_after_cycles);
-    let ctl = Controller::new(&cfg, telemetry.clone(), false, &Default::default())?;
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(controller::run(ctl, Output::Quiet, false, async move {
-        let _ = rx.await;
-    }));
-    Ok((task, tx))
+    })
+    .to_string()
 }

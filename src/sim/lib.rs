@@ -112,8 +112,8 @@ pub fn fleet_config(args: &SimArgs) -> Result<FleetConfig, SimError> {
     Ok(cfg)
 }
 
-/// Run a simulated fleet until Ctrl-C.
-pub async fn run(args: SimArgs) -> anyhow::Result<()> {
+/// Run a simulated fleet until `shutdown` resolves (SIGINT or SIGTERM from the command line).
+pub async fn run(args: SimArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let cfg = fleet_config(&args)?;
     let fleet = start_fleet(cfg.clone()).await?;
     for (s, r) in fleet.status().iter().zip(&cfg.replicas) {
@@ -137,7 +137,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         cfg.time_scale,
         cfg.metrics_style
     );
-    tokio::signal::ctrl_c().await?;
+    shutdown.await;
     fleet.shutdown().await;
     Ok(())
 }

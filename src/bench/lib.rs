@@ -1,9 +1,9 @@
 //! `llm-load-controller bench`: the virtual-time fleet benchmark.
 //!
-//! Many replicas of the simulator's engine model ([`crate::sim::engine::Engine`], the code `sim`
-//! serves) run in virtual time behind a simulated load balancer ([`crate::picker`], the code the
+//! Many replicas of the simulator's engine model ([`llm_lc_sim::engine::Engine`], the code `sim`
+//! serves) run in virtual time behind a simulated load balancer ([`llm_lc_balance`], the code the
 //! proxy runs, or an endpoint picker like the Gateway API Inference Extension's), with the
-//! controller's real policy ([`crate::policy::PoolPolicy`]) in the loop on samples as stale as
+//! controller's real per-pool cycle ([`control`]) in the loop on samples as stale as
 //! Prometheus or a direct scrape would give. An hour of traffic over dozens of replicas takes
 //! seconds to a minute; the same seed gives the same numbers.
 //!
@@ -11,16 +11,16 @@
 //!   and ramps; [`scenario`]: the named fleets and events; [`capacity`]: what 100% load is.
 //! - [`balancer`]: the balancers compared; [`fleet`]: the discrete-event simulation of one run.
 //! - [`stats`]: percentiles and spreads; [`report`]: tables and JSON; [`plot`]: SVG pictures.
-//! - [`scale`]: the controller's cost per cycle at 10,000 members (`--controller-scale`).
+//! - [`control`]: the controller in the loop, handed in by the controller's binary.
 //!
 //! Evidence and the defaults chosen from it: `src/bench/RESULTS.md`.
 
 pub mod balancer;
 pub mod capacity;
+pub mod control;
 pub mod fleet;
 pub mod plot;
 pub mod report;
-pub mod scale;
 pub mod scenario;
 pub mod stats;
 pub mod workload;
@@ -32,11 +32,10 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
 
-use crate::config::RatioRange;
-use crate::policy::PolicyConfig;
-use crate::sim::profile::ModelProfile;
 use balancer::Balancer;
+use control::{ControlSpec, Controller};
 use fleet::{BalancerResult, RunOutcome, RunSpec, Signals};
+use llm_lc_sim::profile::ModelProfile;
 
 /// Arguments of `llm-load-controller bench`.
 #[derive(Debug, Clone, Args)]
@@ -170,10 +169,9 @@ pub struct ScenarioRun {
 pub struct Settings {
     pub profile: ModelProfile,
     pub balancers: Vec<Balancer>,
-    pub policy: PolicyConfig,
-    pub policy_name: String,
-    pub policy_params: Vec<String>,
-    pub ratio_range: RatioRange,
+    /// The controller in the loop, and its settings.
+    pub controller: Controller,
+    pub control: ControlSpec,
     pub signals: Signals,
     pub timeout_s: f64,
     pub duration_s: Option<f64>,
@@ -186,11 +184,10 @@ pub struct Settings {
 
 impl Settings {
     /// Check and convert command-line arguments.
-    pub fn from_args(args: &BenchArgs) -> anyhow::Result<Settings> {
+    pub fn from_args(args: &BenchArgs, controller: Controller) -> anyhow::Result<Settings> {
         let a = &args.knobs;
         let profile = ModelProfile::by_name(&a.profile)?;
         let balancers = parse_balancers(&args.balancers)?;
-        let policy = parse_policy(&args.policy, &args.policy_params)?;
         if a.ratio_min > a.ratio_max || a.ratio_max == 0 {
             bail!(
                 "--ratio-min ({}) must be <= --ratio-max ({}), and --ratio-max >= 1",
@@ -220,13 +217,22 @@ impl Settings {
         if a.timeout.is_zero() {
             bail!("--timeout must be > 0");
         }
+        let control = ControlSpec {
+            policy: args.policy.clone(),
+            policy_params: args.policy_params.clone(),
+            ratio_min: a.ratio_min,
+            ratio_max: a.ratio_max,
+            push_interval_s: signals.push_interval_s,
+            stale_after_s: signals.stale_after_s,
+            grace_s: signals.grace_s,
+            replicas: 0,
+        };
+        controller.0.check(&control).map_err(anyhow::Error::msg)?;
         Ok(Settings {
             profile,
             balancers,
-            policy,
-            policy_name: args.policy.clone(),
-            policy_params: args.policy_params.clone(),
-            ratio_range: RatioRange { min: a.ratio_min, max: a.ratio_max },
+            controller,
+            control,
             signals,
             timeout_s: a.timeout.as_secs_f64(),
             duration_s: a.duration.map(|d| d.as_secs_f64()),
@@ -256,32 +262,6 @@ fn parse_balancers(list: &[String]) -> anyhow::Result<Vec<Balancer>> {
     Ok(out)
 }
 
-/// `feedback` + `gain=0.3` -> the same `PolicyConfig` a config file with those fields would give,
-/// checked by the same validation.
-pub fn parse_policy(name: &str, params: &[String]) -> anyhow::Result<PolicyConfig> {
-    let mut obj = serde_json::Map::new();
-    obj.insert("kind".into(), serde_json::Value::String(name.to_string()));
-    for p in params {
-        let (k, v) = p
-            .split_once('=')
-            .with_context(|| format!("--policy-param {p:?}: write KEY=VALUE, e.g. gain=0.3"))?;
-        let value = match v.trim().parse::<f64>() {
-            Ok(x) => serde_json::json!(x),
-            Err(_) => serde_json::Value::String(v.trim().to_string()),
-        };
-        obj.insert(k.trim().to_string(), value);
-    }
-    let cfg: PolicyConfig = serde_json::from_value(serde_json::Value::Object(obj)).with_context(|| {
-        format!("policy {name:?} with {params:?}: known policies are feedback and headroom")
-    })?;
-    let problems = cfg.validate();
-    if !problems.is_empty() {
-        let msg: Vec<String> = problems.into_iter().map(|(f, m)| format!("{f}: {m}")).collect();
-        bail!("policy {name}: {}", msg.join("; "));
-    }
-    Ok(cfg)
-}
-
 /// Run every balancer of `settings` on one scenario at one load.
 pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Result<ScenarioRun> {
     if !(load > 0.0 && load.is_finite()) {
@@ -304,8 +284,8 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
             scenario: sc.clone(),
             arrival_rps,
             balancer: b,
-            policy: settings.policy.clone(),
-            ratio_range: settings.ratio_range,
+            controller: settings.controller.clone(),
+            control: ControlSpec { replicas: sc.speeds.len(), ..settings.control.clone() },
             signals: settings.signals,
             timeout_s: settings.timeout_s,
             seed: settings.seed,
@@ -316,8 +296,8 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
     let report = ScenarioReport {
         scenario: sc.name.clone(),
         load,
-        policy: settings.policy_name.clone(),
-        policy_params: settings.policy_params.clone(),
+        policy: settings.control.policy.clone(),
+        policy_params: settings.control.policy_params.clone(),
         profile: settings.profile.name.clone(),
         replicas: sc.speeds.len(),
         speeds: sc.speeds.clone(),
@@ -366,17 +346,10 @@ fn run_all(specs: &[RunSpec], jobs: usize) -> anyhow::Result<Vec<RunOutcome>> {
     Ok(out)
 }
 
-/// `llm-load-controller bench`.
-pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if args.controller_scale {
-        let r = scale::measure(args.knobs.pools, args.knobs.members, args.knobs.cycles, args.seed)?;
-        match args.output.as_str() {
-            "json" => println!("{}", serde_json::to_string_pretty(&r)?),
-            _ => print!("{}", scale::render(&r)),
-        }
-        return Ok(());
-    }
-    let settings = Settings::from_args(&args)?;
+/// `llm-load-controller bench`, with `controller` in the loop. (`--controller-scale` is measured by
+/// the controller itself: it is a benchmark of the controller, not of balancing.)
+pub fn run(args: BenchArgs, controller: Controller) -> anyhow::Result<()> {
+    let settings = Settings::from_args(&args, controller)?;
     if !matches!(args.output.as_str(), "text" | "json" | "markdown") {
         bail!("unknown --output {:?}; use text, json or markdown", args.output);
     }

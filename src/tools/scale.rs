@@ -1,37 +1,38 @@
-//! `bench --controller-scale`: what one control cycle costs at 10,000 members in 1,000 pools.
+//! `bench --controller-scale`: what the controller's cycle costs at 10,000 members, whatever the
+//! pools' shape (1,000 x 10 or 1 x 10,000).
 //!
-//! Measured: the CPU work the controller does per cycle, with the code it runs, minus the network:
-//! 1. samples -> snapshot: [`crate::source::assemble`] from per-signal values (what both sources do
-//!    after parsing), including building those value maps;
-//! 2. policy: [`PoolPolicy::compute`] (feedback, the default);
-//! 3. pushes: the unchanged check against the last push, then the sink's plan. Pools alternate
-//!    between HAProxy ([`llm_lc_adapters::haproxy::plan::plan`] against the backend's server state)
-//!    and Envoy ([`llm_lc_adapters::envoy::assignment::build`]: the ClusterLoadAssignment and its
-//!    content hash).
+//! Measured, per control cycle over every pool, with the code the controller runs, minus the
+//! network: (1) samples -> snapshot: [`crate::source::assemble`] from per-signal values (what both
+//! sources do after parsing), including building those value maps; (2) the pool's
+//! [`Cycle::step`]: the policy (feedback, the default) and every decision rule. What a sink then
+//! does with the ratios (HAProxy's plan, Envoy's assignment) is measured in the adapters' own tests.
 //!
-//! The members' loads follow a seeded random walk so ratios keep changing (a worst case for the
-//! push stage). Memory is the process's resident set from `/proc/self/status` (Linux), before the
-//! pools exist, after setup and after the cycles, plus the peak.
+//! The members' loads follow a seeded random walk so ratios keep changing (a worst case). Memory is
+//! the process's resident set from `/proc/self/status` (Linux), before the pools exist, after setup
+//! and after the cycles, plus the peak.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use llm_lc_adapters::envoy::assignment::{self, Resolved};
-use llm_lc_adapters::haproxy::plan::{self as haproxy_plan, MatchBy};
-use llm_lc_adapters::haproxy::state::ServerState;
-use llm_lc_adapters::haproxy::weights::WeightMap;
 use llm_lc_adapters::{MemberId, Ratios};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::config::RatioRange;
+use crate::config::{OnStale, RatioRange};
+use crate::cycle::{Cycle, CycleSettings, Decision, PushResult, Sampled};
 use crate::policy::{PolicyConfig, PoolPolicy};
 use crate::source::profile::Signal;
 use crate::source::{assemble, SignalValues};
+
+const INTERVAL: Duration = Duration::from_secs(5);
+
+fn before_of(prev: &[Ratios], k: usize, m: &MemberId) -> Option<u32> {
+    prev[k].get(m)
+}
 
 /// Milliseconds per cycle of one stage: median, p99 (of the measured cycles) and max.
 #[derive(Debug, Clone, Serialize)]
@@ -50,8 +51,8 @@ pub struct ScaleReport {
     pub policy: String,
     pub cycle: Timing,
     pub snapshot: Timing,
-    pub policy_compute: Timing,
-    pub pushes: Timing,
+    /// [`Cycle::step`]: the policy and every decision rule (fail-static, drain guard, change policy).
+    pub cycle_step: Timing,
     /// Members whose ratio changed, per cycle, on average.
     pub changed_members_per_cycle: f64,
     pub setup_ms: f64,
@@ -72,18 +73,10 @@ fn mib(kib: Option<f64>) -> Option<f64> {
     kib.map(|k| k / 1024.0)
 }
 
-enum Sink {
-    Haproxy { servers: Vec<ServerState> },
-    Envoy { resolved: Vec<Resolved> },
-}
-
 struct Pool {
     members: Vec<MemberId>,
-    policy: PoolPolicy,
-    last: Ratios,
-    pushed: Option<Ratios>,
+    cycle: Cycle,
     load: Vec<f64>,
-    sink: Sink,
 }
 
 fn timing(mut v: Vec<f64>) -> Timing {
@@ -104,67 +97,34 @@ pub fn measure(pools: usize, members: usize, cycles: usize, seed: u64) -> anyhow
     let setup = Instant::now();
     let cfg = PolicyConfig::default();
     let range = RatioRange::default();
-    let wmap = WeightMap { ratio_max: None, max_weight: 256, allow_drain: false };
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut all: Vec<Pool> = (0..pools)
         .map(|p| {
-            let ips: Vec<Ipv4Addr> = (0..members)
+            let members: Vec<MemberId> = (0..members)
                 .map(|m| {
                     let k = (p * members + m) as u32;
-                    Ipv4Addr::new(10, (k >> 16) as u8, (k >> 8) as u8, k as u8)
+                    MemberId(format!("{}:8000", Ipv4Addr::new(10, (k >> 16) as u8, (k >> 8) as u8, k as u8)))
                 })
                 .collect();
-            let ids: Vec<MemberId> = ips.iter().map(|ip| MemberId(format!("{ip}:8000"))).collect();
-            let sink = if p % 2 == 0 {
-                Sink::Haproxy {
-                    servers: ips
-                        .iter()
-                        .enumerate()
-                        .map(|(i, ip)| ServerState {
-                            name: format!("vllm-{i}"),
-                            addr: ip.to_string(),
-                            port: 8000,
-                            fqdn: None,
-                            weight: 1,
-                            initial_weight: 1,
-                        })
-                        .collect(),
-                }
-            } else {
-                Sink::Envoy {
-                    resolved: ids
-                        .iter()
-                        .zip(&ips)
-                        .map(|(m, ip)| Resolved {
-                            member: m.clone(),
-                            addr: SocketAddr::new(IpAddr::V4(*ip), 8000),
-                            hostname: None,
-                        })
-                        .collect(),
-                }
-            };
+            let policy =
+                PoolPolicy::new(&cfg, range, Duration::from_secs(60), Duration::from_secs(30), INTERVAL);
+            let mut settings = CycleSettings::new(range, OnStale::Hold, Duration::from_secs(300));
+            settings.reconciles = true;
             Pool {
-                policy: PoolPolicy::new(
-                    &cfg,
-                    range,
-                    Duration::from_secs(60),
-                    Duration::from_secs(30),
-                    Duration::from_secs(5),
-                ),
-                last: Ratios::default(),
-                pushed: None,
-                load: (0..members).map(|_| rng.gen_range(0.1..0.9)).collect(),
-                members: ids,
-                sink,
+                cycle: Cycle::new(settings, policy),
+                load: (0..members.len()).map(|_| rng.gen_range(0.1..0.9)).collect(),
+                members,
             }
         })
         .collect();
     let setup_ms = setup.elapsed().as_secs_f64() * 1e3;
     let rss_setup = proc_status_kib("VmRSS:");
 
-    let (mut t_cycle, mut t_snap, mut t_policy, mut t_push) = (vec![], vec![], vec![], vec![]);
+    let (mut t_cycle, mut t_snap, mut t_step) = (vec![], vec![], vec![]);
+    let epoch = Instant::now();
+    let mut pool_prev: Vec<Ratios> = vec![Ratios::default(); all.len()];
     let mut changed_total = 0usize;
-    for _ in 0..cycles {
+    for cycle in 0..cycles {
         // The world moves (not timed).
         let worlds: Vec<Vec<(f64, f64, f64)>> = all
             .iter_mut()
@@ -179,9 +139,9 @@ pub fn measure(pools: usize, members: usize, cycles: usize, seed: u64) -> anyhow
                     .collect()
             })
             .collect();
-        let (mut s, mut p, mut u) = (0.0, 0.0, 0.0);
+        let (mut s, mut p) = (0.0, 0.0);
         let cycle_start = Instant::now();
-        for (pool, world) in all.iter_mut().zip(&worlds) {
+        for (k, (pool, world)) in all.iter_mut().zip(&worlds).enumerate() {
             let t0 = Instant::now();
             let mut values: SignalValues = BTreeMap::new();
             for (m, &(waiting, running, kv)) in pool.members.iter().zip(world) {
@@ -191,47 +151,26 @@ pub fn measure(pools: usize, members: usize, cycles: usize, seed: u64) -> anyhow
             }
             let snap = assemble(&pool.members, &values, |_, _| Duration::from_secs(2));
             let t1 = Instant::now();
-            let out = pool.policy.compute(&snap, &pool.last);
-            let t2 = Instant::now();
-            let unchanged = pool.pushed.as_ref() == Some(&out.ratios);
-            if !unchanged {
-                changed_total += out
-                    .ratios
-                    .iter()
-                    .filter(|(m, r)| pool.pushed.as_ref().and_then(|x| x.get(m)) != Some(*r))
-                    .count();
-                match &mut pool.sink {
-                    Sink::Haproxy { servers } => {
-                        let plan = haproxy_plan::plan(servers, &out.ratios, &wmap, MatchBy::Address, "be")
-                            .map_err(anyhow::Error::msg)?;
-                        for push in &plan.pushes {
-                            if let Some(s) = servers.iter_mut().find(|s| s.name == push.server) {
-                                s.weight = push.to;
-                            }
-                        }
-                    }
-                    Sink::Envoy { resolved } => {
-                        let members: Vec<(Resolved, u32)> = resolved
-                            .iter()
-                            .map(|r| (r.clone(), out.ratios.get(&r.member).unwrap_or(1)))
-                            .collect();
-                        let (a, _warnings) =
-                            assignment::build("cluster", &members).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-                        std::hint::black_box(a);
-                    }
-                }
-                pool.pushed = Some(out.ratios.clone());
+            let now = epoch + INTERVAL * cycle as u32;
+            let step = pool.cycle.step(Sampled::Snapshot(&snap), &pool.members, now, true);
+            if let Decision::Push(sent) = &step.decision {
+                let changed = step
+                    .policy
+                    .as_ref()
+                    .map(|o| o.ratios.iter().filter(|(m, r)| before_of(&pool_prev, k, m) != Some(*r)).count())
+                    .unwrap_or(0);
+                changed_total += changed;
+                std::hint::black_box(sent);
+                pool.cycle.pushed(PushResult::Applied { changed }, now);
             }
-            pool.last = out.ratios;
-            let t3 = Instant::now();
+            pool_prev[k] = step.desired;
+            let t2 = Instant::now();
             s += (t1 - t0).as_secs_f64();
             p += (t2 - t1).as_secs_f64();
-            u += (t3 - t2).as_secs_f64();
         }
         t_cycle.push(cycle_start.elapsed().as_secs_f64() * 1e3);
         t_snap.push(s * 1e3);
-        t_policy.push(p * 1e3);
-        t_push.push(u * 1e3);
+        t_step.push(p * 1e3);
     }
     Ok(ScaleReport {
         pools,
@@ -241,8 +180,7 @@ pub fn measure(pools: usize, members: usize, cycles: usize, seed: u64) -> anyhow
         policy: cfg.name().to_string(),
         cycle: timing(t_cycle),
         snapshot: timing(t_snap),
-        policy_compute: timing(t_policy),
-        pushes: timing(t_push),
+        cycle_step: timing(t_step),
         changed_members_per_cycle: changed_total as f64 / cycles as f64,
         setup_ms,
         rss_start_mib: mib(rss_start),
@@ -265,8 +203,7 @@ pub fn render(r: &ScaleReport) -> String {
     );
     let _ = writeln!(out, "  whole cycle:        {}", t(&r.cycle));
     let _ = writeln!(out, "  samples->snapshot:  {}", t(&r.snapshot));
-    let _ = writeln!(out, "  policy:             {}", t(&r.policy_compute));
-    let _ = writeln!(out, "  pushes (plans):     {}", t(&r.pushes));
+    let _ = writeln!(out, "  cycle step:         {}", t(&r.cycle_step));
     let _ = writeln!(out, "  members changed per cycle: {:.0}", r.changed_members_per_cycle);
     let _ = writeln!(
         out,

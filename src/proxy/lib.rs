@@ -3,7 +3,7 @@
 //! Stage 1 ([`route`]): a table of steps on the JSON body or headers picks a pool (or rejects), like a
 //! BIG-IP data group walked by an iRule ([`bigip`] exports the same table for one). Stage 2
 //! ([`pool`]): a weighted choice inside the pool by the controller's ratios, with the shared
-//! [`crate::picker`] algorithms. Around them: [`criticality`] (admission when a pool is saturated),
+//! [`llm_lc_balance`] algorithms. Around them: [`criticality`] (admission when a pool is saturated),
 //! [`upstream`] (streaming forwarding with timeouts and connect retries), [`admin`] (ratio intake by
 //! webhook or polling, live state), [`metrics`], [`server`] (the HTTP routes), [`split`] (model
 //! canaries), [`bench`] (overhead benchmark against HAProxy).
@@ -211,8 +211,9 @@ pub async fn start_loaded(
     Ok(ProxyHandle { addr, admin_addr, shared, stop, tasks })
 }
 
-/// `llm-load-controller proxy ...`.
-pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
+/// `llm-load-controller proxy ...`. Serving stops when `shutdown` resolves (the caller decides which
+/// signals mean stop).
+pub async fn run(args: ProxyArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     match (args.command, args.config) {
         (Some(ProxyCommand::Check { config }), _) => {
             let l = config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -232,7 +233,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
             }
         }
         (Some(ProxyCommand::Bench(b)), _) => bench::run(b).await,
-        (None, Some(config)) => serve(&config).await,
+        (None, Some(config)) => serve(&config, shutdown).await,
         (None, None) => anyhow::bail!(
             "give --config FILE to serve, or a subcommand (check, explain, export-bigip, bench); see `proxy --help`"
         ),
@@ -248,7 +249,10 @@ fn out(text: &str) -> anyhow::Result<()> {
     }
 }
 
-async fn serve(path: &std::path::Path) -> anyhow::Result<()> {
+async fn serve(
+    path: &std::path::Path,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let l = config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let listener = TcpListener::bind(l.config.listen)
         .await
@@ -261,7 +265,7 @@ async fn serve(path: &std::path::Path) -> anyhow::Result<()> {
     let handle = start_loaded(l, listener, admin).await?;
     tracing::info!(listen = %handle.addr(), admin = %handle.admin_addr(), pools, steps, "proxy started");
     println!("proxy: listening on http://{} (admin http://{})", handle.addr(), handle.admin_addr());
-    crate::signal::shutdown().await;
+    shutdown.await;
     handle.shutdown().await;
     tracing::info!("proxy stopped");
     Ok(())
