@@ -401,12 +401,20 @@ impl Config {
                     );
                 }
             }
-            if p.members.from_lb
-                && matches!(p.sink, SinkConfig::DryRun | SinkConfig::Webhook(_) | SinkConfig::Envoy(_))
-            {
+            let readable = match &p.sink {
+                SinkConfig::DryRun | SinkConfig::Webhook(_) => false,
+                SinkConfig::Envoy(e) => e.can_read_members(),
+                SinkConfig::F5(_) | SinkConfig::Haproxy(_) => true,
+            };
+            if p.members.from_lb && !readable {
+                let hint = if matches!(p.sink, SinkConfig::Envoy(_)) {
+                    " (give the sink `admin: http://ENVOY:9901` to read Envoy's cluster)"
+                } else {
+                    ""
+                };
                 err(
                     at("members.from_lb"),
-                    &format!("the {} sink has no pool to read members from", p.sink.kind()),
+                    &format!("the {} sink has no pool to read members from{hint}", p.sink.kind()),
                 );
             }
             if let Some(sel) = &p.selector {

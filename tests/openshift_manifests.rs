@@ -278,7 +278,14 @@ fn each_overlay_renders_to_a_consistent_restricted_deployment() {
     for o in OVERLAYS {
         let dir = root().join("overlays").join(o);
         let Some(text) = render(&dir) else {
-            eprintln!("kubectl not found: rendering skipped (the other tests still validate each file); install kubectl to run it");
+            // A silent pass would hide that the overlays were never rendered: fail unless the
+            // developer says, explicitly, that this machine has no kubectl.
+            assert!(
+                std::env::var_os("LLMLC_ALLOW_NO_KUBECTL").is_some(),
+                "kubectl not found: the overlays cannot be rendered. tests/run.sh installs it; \
+                 set LLMLC_ALLOW_NO_KUBECTL=1 to skip this one test on a machine without it"
+            );
+            eprintln!("WARNING: kubectl not found and LLMLC_ALLOW_NO_KUBECTL set: overlay rendering SKIPPED");
             return;
         };
         let objs: Vec<Obj> =

@@ -11,6 +11,7 @@ pub mod error;
 pub mod f5;
 pub mod haproxy;
 pub mod sink;
+pub mod tls;
 pub mod types;
 pub mod webhook;
 

@@ -35,8 +35,12 @@ pub trait RatioSink: Send + Sync {
         Ok(None)
     }
 
-    /// The ratios the load balancer has now, if it can tell.
-    async fn current(&self) -> Result<Option<Ratios>, SinkError>;
+    /// The ratios the load balancer has now, if it can tell. Optional: the controller does not need
+    /// it (reconciling sinks read inside `apply`); it is there for tools and tests that verify a load
+    /// balancer's state through the same adapter.
+    async fn current(&self) -> Result<Option<Ratios>, SinkError> {
+        Ok(None)
+    }
 
     /// Whether `apply` itself reads the load balancer and changes only what differs. The controller
     /// then calls `apply` every cycle (one read, and writes only on drift) instead of reading back

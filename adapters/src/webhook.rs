@@ -60,15 +60,10 @@ pub struct WebhookSink {
 
 impl WebhookSink {
     pub fn new(cfg: &WebhookConfig, pool: &str) -> Result<Self, SinkError> {
-        let mut builder = reqwest::Client::builder().timeout(cfg.timeout);
-        if let Some(ca) = &cfg.ca_file {
-            let pem = std::fs::read(ca)
-                .map_err(|e| SinkError::Config(format!("cannot read CA file {}: {e}", ca.display())))?;
-            let cert = reqwest::Certificate::from_pem(&pem)
-                .map_err(|e| SinkError::Config(format!("CA file {} is not PEM: {e}", ca.display())))?;
-            builder = builder.add_root_certificate(cert);
-        }
-        let client = builder.build().map_err(|e| SinkError::Config(e.to_string()))?;
+        let client = crate::tls::client_builder(cfg.timeout, cfg.ca_file.as_deref(), false)
+            .map_err(SinkError::Config)?
+            .build()
+            .map_err(|e| SinkError::Config(e.to_string()))?;
         Ok(WebhookSink {
             client,
             url: cfg.url.clone(),
@@ -82,10 +77,6 @@ impl WebhookSink {
 impl RatioSink for WebhookSink {
     fn kind(&self) -> &'static str {
         "webhook"
-    }
-
-    async fn current(&self) -> Result<Option<Ratios>, SinkError> {
-        Ok(None)
     }
 
     async fn apply(&self, desired: &Ratios) -> Result<Applied, SinkError> {

@@ -63,13 +63,10 @@ impl KubeApi {
         if !matches!(url.scheme(), "http" | "https") {
             return Err(ApiError::Config(format!("API server URL {base:?} must be http or https")));
         }
-        let mut b = reqwest::Client::builder().timeout(timeout).connect_timeout(timeout);
+        let mut b = llm_lc_adapters::tls::client_builder(timeout, None, false).map_err(ApiError::Config)?;
         if let Some(pem) = ca_pem {
-            let certs = reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| ApiError::Config(format!("the API server CA bundle is not PEM: {e}")))?;
-            for c in certs {
-                b = b.add_root_certificate(c);
-            }
+            b = llm_lc_adapters::tls::with_roots(b, pem)
+                .map_err(|e| ApiError::Config(format!("the API server CA bundle: {e}")))?;
         }
         let http = b.build().map_err(|e| ApiError::Config(format!("cannot build the HTTP client: {e}")))?;
         Ok(KubeApi { base: base.trim_end_matches('/').to_string(), http, token })

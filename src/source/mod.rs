@@ -224,20 +224,11 @@ pub(crate) fn http_client(
             .map_err(|e| SourceError::Config(format!("header {k}: {e}")))?;
         h.insert(name, value);
     }
-    let mut b = reqwest::Client::builder().timeout(timeout).default_headers(h);
-    if let Some(ca) = ca_file {
-        let pem = std::fs::read(ca)
-            .map_err(|e| SourceError::Config(format!("cannot read CA file {}: {e}", ca.display())))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|e| SourceError::Config(format!("CA file {} is not a PEM bundle: {e}", ca.display())))?;
-        for c in certs {
-            b = b.add_root_certificate(c);
-        }
-    }
-    if insecure {
-        b = b.danger_accept_invalid_certs(true);
-    }
-    b.build().map_err(|e| SourceError::Config(format!("HTTP client: {e}")))
+    llm_lc_adapters::tls::client_builder(timeout, ca_file, insecure)
+        .map_err(SourceError::Config)?
+        .default_headers(h)
+        .build()
+        .map_err(|e| SourceError::Config(format!("HTTP client: {e}")))
 }
 
 /// The error text of a reqwest failure without the URL (which may carry credentials), with its cause.

@@ -10,9 +10,12 @@
 //!   (`path_config_source` + `watched_directory`), for setups that mount config rather than call out.
 //!
 //! Membership comes from the pool's configured members or Prometheus targets: whatever the controller
-//! passes to `apply` is the whole cluster. See [`assignment`] for how ratios become weights (0 means
+//! passes to `apply` is the whole cluster. With `admin` set, the sink can also read the cluster's
+//! endpoints from Envoy's admin interface (`members: { from_lb: true }`, dry runs); in file mode it
+//! reads the file Envoy watches. See [`assignment`] for how ratios become weights (0 means
 //! "left out", never sent) and [`registry`] for how polls are answered.
 
+pub mod admin;
 #[cfg(feature = "ads")]
 pub mod ads;
 pub mod assignment;
@@ -55,6 +58,10 @@ pub struct EnvoyConfig {
     /// How long resolving one member's DNS name may take (Envoy's EDS takes IP addresses only).
     #[serde(default = "default_resolve_timeout", with = "humantime_serde")]
     pub resolve_timeout: Duration,
+    /// Envoy's admin address (`http://127.0.0.1:9901`), read-only: lists the cluster's endpoints for
+    /// membership discovery and dry runs.
+    #[serde(default)]
+    pub admin: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -85,6 +92,14 @@ impl EnvoyConfig {
         }
         if self.resolve_timeout.is_zero() {
             errs.push(("resolve_timeout".into(), "must be > 0".into()));
+        }
+        if let Some(a) = &self.admin {
+            if !(a.starts_with("http://") || a.starts_with("https://")) {
+                errs.push((
+                    "admin".into(),
+                    format!("{a:?} must be an http(s) URL of Envoy's admin interface"),
+                ));
+            }
         }
         match self.mode {
             EnvoyMode::Xds => {
@@ -119,6 +134,11 @@ impl EnvoyConfig {
         errs
     }
 
+    /// Whether the sink can tell which members Envoy has (for `members: { from_lb: true }`).
+    pub fn can_read_members(&self) -> bool {
+        self.admin.is_some() || self.mode == EnvoyMode::File
+    }
+
     fn file_name(&self) -> String {
         self.file_name.clone().unwrap_or_else(|| format!("{}.json", self.cluster))
     }
@@ -140,6 +160,8 @@ pub struct EnvoySink {
     resolve_timeout: Duration,
     /// File mode: members left out at ratio 0 (the file cannot say so; the registry holds this itself).
     drained: Mutex<BTreeSet<MemberId>>,
+    /// Envoy's admin interface, read for membership.
+    admin: Option<(String, reqwest::Client)>,
 }
 
 impl EnvoySink {
@@ -178,6 +200,17 @@ impl EnvoySink {
             claim,
             resolve_timeout: cfg.resolve_timeout,
             drained: Mutex::new(BTreeSet::new()),
+            admin: match &cfg.admin {
+                Some(url) => {
+                    let client = crate::tls::client_builder(Duration::from_secs(5), None, false)
+                        .and_then(|b| b.build().map_err(|e| e.to_string()))
+                        .map_err(|e| {
+                            SinkError::Config(format!("envoy sink of pool {pool}: admin client: {e}"))
+                        })?;
+                    Some((url.trim_end_matches('/').to_string(), client))
+                }
+                None => None,
+            },
         })
     }
 
@@ -224,6 +257,39 @@ impl RatioSink for EnvoySink {
 
     async fn current(&self) -> Result<Option<Ratios>, SinkError> {
         Ok(self.held()?.map(|h| h.to_ratios()))
+    }
+
+    /// Envoy's own view through its admin interface when `admin` is set; in file mode without it, the
+    /// members of the file Envoy watches; otherwise Envoy has nothing to ask (`None`).
+    async fn members(&self) -> Result<Option<Vec<MemberId>>, SinkError> {
+        if let Some((url, client)) = &self.admin {
+            let target = format!("envoy admin {url} (pool {})", self.pool);
+            let resp = client.get(format!("{url}/clusters?format=json")).send().await.map_err(|e| {
+                SinkError::Unreachable { target: target.clone(), detail: e.without_url().to_string() }
+            })?;
+            if !resp.status().is_success() {
+                return Err(SinkError::Rejected { target, detail: format!("HTTP {}", resp.status()) });
+            }
+            let body = resp.bytes().await.map_err(|e| SinkError::Unreachable {
+                target: target.clone(),
+                detail: e.without_url().to_string(),
+            })?;
+            return match admin::members_of(&body, &self.cluster)
+                .map_err(|detail| SinkError::Rejected { target: target.clone(), detail })?
+            {
+                Some(m) => Ok(Some(m)),
+                None => Err(SinkError::Rejected {
+                    target,
+                    detail: format!("Envoy has no cluster named {:?}", self.cluster),
+                }),
+            };
+        }
+        match &self.output {
+            Output::File(_) => {
+                Ok(self.held()?.map(|h| h.to_ratios().iter().map(|(m, _)| m.clone()).collect()))
+            }
+            Output::Xds => Ok(None),
+        }
     }
 
     async fn apply(&self, desired: &Ratios) -> Result<Applied, SinkError> {
