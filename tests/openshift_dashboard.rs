@@ -154,7 +154,7 @@ async fn every_query_runs_on_real_prometheus_against_a_real_controller() {
     let mut scraped = members.clone();
     scraped.push(format!("127.0.0.1:{listen}"));
     let prom = Prometheus::start("llm", &scraped).await;
-    prom.wait_for_series("llmlc_member_ratio", 2, Duration::from_secs(30)).await;
+    prom.wait_for_series("llmlc_member_weight", 2, Duration::from_secs(30)).await;
     prom.wait_for_series("vllm:num_requests_waiting", 2, Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_secs(2)).await; // a few more scrapes for the rate() windows
     let http = reqwest::Client::new();
