@@ -61,6 +61,49 @@ struct SmEndpoint {
     interval: Option<String>,
 }
 
+/// `monitoring.coreos.com/v1` PrometheusRule (a CRD): the fields prometheus-operator accepts for a
+/// rule group and a rule, unknown fields are errors. The rules themselves run in
+/// tests/openshift_alerts.rs (promtool).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PrometheusRule {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    spec: PrometheusRuleSpec,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrometheusRuleSpec {
+    groups: Vec<RuleGroup>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleGroup {
+    name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    interval: Option<String>,
+    rules: Vec<Rule>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Rule {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    record: Option<String>,
+    expr: String,
+    #[serde(rename = "for", skip_serializing_if = "Option::is_none")]
+    for_: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
 /// All YAML documents of a file (or of kubectl's output), as JSON values.
 fn yaml_docs(text: &str, origin: &str) -> Vec<Value> {
     serde_yaml_ng::Deserializer::from_str(text)
@@ -115,6 +158,7 @@ enum Obj {
     Pdb(Box<PodDisruptionBudget>),
     NetworkPolicy(Box<NetworkPolicy>),
     ServiceMonitor(Box<ServiceMonitor>),
+    PrometheusRule(Box<PrometheusRule>),
 }
 
 fn validate(doc: &Value, origin: &str) -> Obj {
@@ -134,7 +178,38 @@ fn validate(doc: &Value, origin: &str) -> Obj {
         ("policy/v1", "PodDisruptionBudget") => Obj::Pdb(typed(doc, &o)),
         ("networking.k8s.io/v1", "NetworkPolicy") => Obj::NetworkPolicy(typed(doc, &o)),
         ("monitoring.coreos.com/v1", "ServiceMonitor") => Obj::ServiceMonitor(typed(doc, &o)),
+        ("monitoring.coreos.com/v1", "PrometheusRule") => {
+            let r: Box<PrometheusRule> = typed(doc, &o);
+            check_rules(&r, &o);
+            Obj::PrometheusRule(r)
+        }
         _ => panic!("{o}: unexpected kind; add it to this test's validation"),
+    }
+}
+
+/// What prometheus-operator would refuse or what would never page anyone.
+fn check_rules(r: &PrometheusRule, origin: &str) {
+    assert!(!r.spec.groups.is_empty(), "{origin}: no rule groups");
+    for g in &r.spec.groups {
+        for rule in &g.rules {
+            let name = rule.alert.as_deref().or(rule.record.as_deref()).unwrap_or_default();
+            assert!(
+                rule.alert.is_some() != rule.record.is_some(),
+                "{origin}: {name}: a rule is either an alert or a recording rule"
+            );
+            if rule.alert.is_some() {
+                let sev = rule.labels.as_ref().and_then(|l| l.get("severity"));
+                assert!(
+                    matches!(sev.map(String::as_str), Some("critical" | "warning" | "info")),
+                    "{origin}: {name}: severity {sev:?}"
+                );
+                let ann = rule.annotations.clone().unwrap_or_default();
+                assert!(ann.contains_key("summary") && ann.contains_key("description"), "{origin}: {name}");
+                if let Some(f) = &rule.for_ {
+                    humantime::parse_duration(f).unwrap_or_else(|e| panic!("{origin}: {name}: for {f}: {e}"));
+                }
+            }
+        }
     }
 }
 
@@ -227,7 +302,7 @@ fn every_manifest_file_is_a_valid_kubernetes_object() {
             n += 1;
         }
     }
-    assert!(n >= 13, "expected the base's 11 objects and the 2 templates, validated {n}");
+    assert!(n >= 14, "expected the base's 12 objects and the 2 templates, validated {n}");
 }
 
 #[test]
@@ -298,6 +373,7 @@ fn check_overlay(o: &str, objs: &[Obj]) {
         "Deployment",
         "Service",
         "ServiceMonitor",
+        "PrometheusRule",
         "Pdb",
         "NetworkPolicy",
     ] {
@@ -311,6 +387,7 @@ fn check_overlay(o: &str, objs: &[Obj]) {
     let mut cms = BTreeMap::new();
     let (mut svc, mut sm, mut pdb, mut np, mut role, mut crb, mut rb, mut sa) =
         (None, None, None, None, None, None, None, None);
+    let mut rule = None;
     for x in objs {
         let meta_ns = |m: &ObjectMeta, cluster: bool| {
             if cluster {
@@ -361,6 +438,10 @@ fn check_overlay(o: &str, objs: &[Obj]) {
             Obj::ServiceMonitor(s) => {
                 meta_ns(&s.metadata, false);
                 sm = Some(s.as_ref());
+            }
+            Obj::PrometheusRule(r) => {
+                meta_ns(&r.metadata, false);
+                rule = Some(r.as_ref());
             }
         }
     }
@@ -555,6 +636,13 @@ fn check_overlay(o: &str, objs: &[Obj]) {
         .expect("port to http");
     let svc_labels = svc.metadata.labels.clone().unwrap_or_default();
     assert!(selects(&sm.spec.selector, &svc_labels), "{o}: ServiceMonitor misses the Service");
+    // Scraped through the ServiceMonitor, the job label is the Service's name: the alerts select it.
+    let job = format!("job=\"{}\"", svc.metadata.name.clone().expect("service name"));
+    for g in &rule.expect("PrometheusRule").spec.groups {
+        for r in &g.rules {
+            assert!(r.expr.contains(&job), "{o}: {:?} does not select {job}", r.alert);
+        }
+    }
     assert!(sm
         .spec
         .endpoints
