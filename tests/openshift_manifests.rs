@@ -512,6 +512,10 @@ fn check_overlay(o: &str, objs: &[Obj]) {
         "{o}: image {:?}",
         c.image
     );
+    // Pinned to the release, not :latest, so IfNotPresent cannot keep a stale image on some nodes.
+    let tag = c.image.as_deref().and_then(|i| i.rsplit_once(':')).map(|(_, t)| t).unwrap_or_default();
+    assert_eq!(tag, env!("CARGO_PKG_VERSION"), "{o}: image tag");
+    assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"), "{o}: pull policy of a pinned tag");
 
     // Mounts: every mount has a volume; where each one comes from.
     let volumes = pod.volumes.as_ref().expect("volumes");
@@ -682,5 +686,24 @@ fn check_overlay(o: &str, objs: &[Obj]) {
     assert!(admits("openshift-user-workload-monitoring"), "{o}: monitoring cannot scrape");
     if o == "envoy" {
         assert!(admits("llm-gateway"), "envoy: Envoy cannot poll EDS");
+    }
+}
+
+#[test]
+fn images_are_pinned_to_the_release_in_every_kustomization() {
+    for o in OVERLAYS {
+        let k = kustomization(&root().join("overlays").join(o));
+        let images = k["images"].as_array().expect("images");
+        for i in images {
+            assert_eq!(i["newTag"].as_str(), Some(env!("CARGO_PKG_VERSION")), "{o}: {i}");
+        }
+    }
+    let mut files = Vec::new();
+    all_yaml(&root(), &mut files);
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("read");
+        for l in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+            assert!(!l.contains(":latest") && !l.contains("newTag: latest"), "{}: {l}", f.display());
+        }
     }
 }
