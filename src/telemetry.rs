@@ -1,5 +1,6 @@
-//! The controller's own HTTP endpoint: `/metrics` (Prometheus text), `/healthz`, `/readyz`,
-//! `GET /v1/ratios` (the last cycle as JSON) and a small status page at `/`.
+//! The controller's own HTTP endpoint: `/metrics` (OpenMetrics text), `/healthz`, `/readyz`,
+//! `GET /v1/ratios` (the last cycle as JSON), `GET /v1/history` (the last cycles, for charts) and a
+//! live status page at `/` that polls those two.
 //!
 //! Readiness means "the controller is doing its job": ready after the first cycle in which some pool
 //! computed ratios from fresh data, unready again when no such cycle happened within
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use prometheus_client::encoding::text::encode;
@@ -23,6 +24,13 @@ use prometheus_client::registry::Registry;
 
 use crate::report::CycleReport;
 
+pub mod history;
+pub mod process;
+
+/// The OpenMetrics content type: prometheus-client writes OpenMetrics (`# EOF`, counter families
+/// named without `_total`), which Prometheus' classic text parser would misread.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 type Labels = Vec<(String, String)>;
 type FGauge = Family<Labels, Gauge<f64, AtomicU64>>;
 type FCounter = Family<Labels, Counter>;
@@ -30,6 +38,8 @@ type FCounter = Family<Labels, Counter>;
 /// Every metric the controller exports about itself. Names start with `llmlc_`.
 pub struct Metrics {
     registry: Registry,
+    /// The weight the controller wants for each member, exported as `llmlc_member_weight` and, for
+    /// one release, under its old name `llmlc_member_ratio` (same series; it was never a 0..1 ratio).
     pub member_ratio: FGauge,
     pub member_waiting: FGauge,
     pub member_running: FGauge,
@@ -72,7 +82,16 @@ impl Metrics {
             r.register(name, help, f.clone());
             f
         };
-        let member_ratio = g(&mut r, "llmlc_member_ratio", "Ratio the controller wants for the member");
+        let member_ratio = g(
+            &mut r,
+            "llmlc_member_weight",
+            "Weight (LB ratio) the controller wants for the member, within the pool's ratio range",
+        );
+        r.register(
+            "llmlc_member_ratio",
+            "Deprecated: the same series as llmlc_member_weight, removed in the next release",
+            member_ratio.clone(),
+        );
         let member_waiting =
             g(&mut r, "llmlc_member_waiting_requests", "Requests waiting on the member (last sample)");
         let member_running =
@@ -139,6 +158,7 @@ impl Metrics {
             "0 when the last change of the config file was rejected (the previous config keeps running)",
             config_last_reload_successful.clone(),
         );
+        r.register_collector(Box::new(process::ProcessCollector::new()));
         Metrics {
             registry: r,
             member_ratio,
@@ -201,6 +221,7 @@ pub struct Telemetry {
 
 struct Status {
     last: Option<CycleReport>,
+    history: history::History,
     last_good: Option<Instant>,
     /// The cycle interval and `unready_after_cycles` in force (a config reload may change them).
     interval: Duration,
@@ -215,6 +236,7 @@ impl Telemetry {
             metrics: Metrics::new(),
             state: Mutex::new(Status {
                 last: None,
+                history: Default::default(),
                 last_good: None,
                 interval,
                 unready_after_cycles,
@@ -254,6 +276,7 @@ impl Telemetry {
                 .unwrap_or(0.0);
             self.metrics.last_good_cycle.set(now);
         }
+        st.history.push(&report);
         st.last = Some(report);
     }
 
@@ -293,6 +316,20 @@ impl Telemetry {
         self.status().last.clone()
     }
 
+    /// The last cycles per pool and member, with readiness and the interval (for the status page).
+    pub fn history(&self) -> HistoryResponse {
+        let st = self.status();
+        let (ready, reason) = Self::readiness_of(&st);
+        let view = st.history.view();
+        HistoryResponse {
+            ready,
+            reason,
+            interval_s: st.interval.as_secs_f64(),
+            cycles: view.pools.values().map(|p| p.ts.len()).max().unwrap_or(0),
+            view,
+        }
+    }
+
     /// The HTTP routes. Merge more (the Envoy EDS endpoint) before serving.
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
@@ -301,12 +338,13 @@ impl Telemetry {
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(readyz))
             .route("/v1/ratios", get(ratios))
+            .route("/v1/history", get(history_json))
             .with_state(self.clone())
     }
 }
 
 async fn metrics(State(t): State<Arc<Telemetry>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], t.metrics.encode()).into_response()
+    ([(header::CONTENT_TYPE, OPENMETRICS)], t.metrics.encode()).into_response()
 }
 
 async fn readyz(State(t): State<Arc<Telemetry>>) -> Response {
@@ -326,21 +364,28 @@ async fn ratios(State(t): State<Arc<Telemetry>>) -> Response {
     }
 }
 
-async fn status_page(State(t): State<Arc<Telemetry>>) -> Html<String> {
-    let (ready, why) = t.readiness();
-    let body = match t.last_report() {
-        Some(r) => html_escape(&r.to_table()),
-        None => "no cycle has completed yet".into(),
-    };
-    Html(format!(
-        "<!doctype html><html><head><meta charset=utf-8><meta http-equiv=refresh content=5><title>llm-load-controller</title></head>\
-         <body><h1>llm-load-controller</h1><p>{}: {}</p><pre>{body}</pre>\
-         <p><a href=/metrics>/metrics</a> · <a href=/v1/ratios>/v1/ratios</a> · <a href=/readyz>/readyz</a></p></body></html>",
-        if ready { "ready" } else { "not ready" },
-        html_escape(&why)
-    ))
+/// `GET /v1/history`: always 200, so the status page's polling never logs a failed request while
+/// the controller is merely not ready.
+#[derive(serde::Serialize)]
+pub struct HistoryResponse {
+    pub ready: bool,
+    pub reason: String,
+    pub interval_s: f64,
+    /// Cycles held (0 before the first one completes).
+    pub cycles: usize,
+    #[serde(flatten)]
+    pub view: history::HistoryView,
 }
 
-fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+async fn history_json(State(t): State<Arc<Telemetry>>) -> Json<HistoryResponse> {
+    Json(t.history())
+}
+
+/// The page is static: it fetches its data, so a slow browser never holds the telemetry lock.
+async fn status_page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")],
+        include_str!("telemetry/status.html"),
+    )
+        .into_response()
 }

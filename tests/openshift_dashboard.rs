@@ -1,6 +1,7 @@
-//! The Grafana dashboard (deploy/grafana): well-formed, every controller metric it names is one the
-//! controller really exports, and every query runs on a real Prometheus scraping a real controller
-//! and a vLLM-like metrics page, with the key panels returning data.
+//! The dashboards (deploy/grafana): the Grafana JSON and the OpenShift console's ConfigMap. Both
+//! well-formed for what renders them, every controller metric they name is one the controller
+//! really exports, and every query (and every console variable query) runs on a real Prometheus
+//! scraping a real controller and a vLLM-like metrics page, with the key panels returning data.
 
 mod leader_support;
 
@@ -8,6 +9,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use leader_support::Proc;
 use llm_lc_testkit::metrics_target::MetricsTarget;
 use llm_lc_testkit::prometheus::Prometheus;
@@ -19,12 +21,34 @@ fn dashboard() -> Value {
     serde_json::from_str(&std::fs::read_to_string(&p).expect("read the dashboard")).expect("valid JSON")
 }
 
+/// The OpenShift console's dashboard ConfigMap, and the dashboard JSON inside it.
+fn console() -> (ConfigMap, Value) {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/grafana/openshift-console-dashboard.yaml");
+    let cm: ConfigMap =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&p).expect("read the console dashboard"))
+            .expect("ConfigMap");
+    let data = cm.data.clone().expect("data");
+    assert_eq!(data.len(), 1, "one dashboard per ConfigMap");
+    let (key, json) = data.iter().next().expect("one key");
+    assert!(key.ends_with(".json"), "{key}");
+    let d = serde_json::from_str(json).expect("the dashboard is valid JSON");
+    (cm, d)
+}
+
+/// Panels, with those nested in rows (the console's layout) flattened in.
+fn all_panels(d: &Value) -> Vec<Value> {
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().expect("panels") {
+        out.push(p.clone());
+        out.extend(p["panels"].as_array().cloned().unwrap_or_default());
+    }
+    out
+}
+
 /// (panel title, expression) of every query.
 fn queries(d: &Value) -> Vec<(String, String)> {
-    d["panels"]
-        .as_array()
-        .expect("panels")
-        .iter()
+    all_panels(d)
+        .into_iter()
         .flat_map(|p| {
             let title = p["title"].as_str().unwrap_or_default().to_string();
             p["targets"]
@@ -96,6 +120,59 @@ fn panels_are_well_formed() {
     }
 }
 
+/// Panel types the OpenShift console renders (others are silently dropped by it).
+const CONSOLE_PANELS: [&str; 6] = ["row", "graph", "singlestat", "table", "gauge", "grafana-piechart-panel"];
+
+#[test]
+fn console_dashboard_is_a_configmap_the_console_picks_up_with_panels_it_renders() {
+    let (cm, d) = console();
+    assert_eq!(cm.metadata.namespace.as_deref(), Some("openshift-config-managed"));
+    let labels = cm.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("console.openshift.io/dashboard").map(String::as_str), Some("true"));
+    assert!(d["title"].as_str().is_some_and(|t| !t.is_empty()), "the console lists dashboards by title");
+    let mut ids = BTreeSet::new();
+    let mut n = 0;
+    for p in all_panels(&d) {
+        let kind = p["type"].as_str().expect("type");
+        assert!(CONSOLE_PANELS.contains(&kind), "{}: the console does not render {kind}", p["title"]);
+        assert!(ids.insert(p["id"].as_u64().expect("id")), "duplicate panel id {}", p["id"]);
+        if kind == "row" {
+            assert!(p["panels"].as_array().is_some_and(|x| !x.is_empty()), "{}: empty row", p["title"]);
+            continue;
+        }
+        n += 1;
+        let span = p["span"].as_u64().expect("span (the console's width, of 12)");
+        assert!((1..=12).contains(&span), "{}: span {span}", p["title"]);
+        assert!(!p["targets"].as_array().expect("targets").is_empty(), "{}", p["title"]);
+    }
+    assert!(n >= 10, "{n} panels");
+    let vars: Vec<&str> =
+        d["templating"]["list"].as_array().expect("vars").iter().filter_map(|v| v["name"].as_str()).collect();
+    let var_queries: Vec<String> = d["templating"]["list"]
+        .as_array()
+        .expect("vars")
+        .iter()
+        .map(|v| v["query"].as_str().expect("query").to_string())
+        .collect();
+    for (title, e) in queries(&d).into_iter().chain(var_queries.into_iter().map(|q| ("variable".into(), q))) {
+        for word in e.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '$')) {
+            if let Some(v) = word.strip_prefix('$') {
+                assert!(
+                    vars.contains(&v) || v == "__rate_interval",
+                    "{title}: ${v} is not a dashboard variable"
+                );
+            }
+        }
+    }
+}
+
+/// A console variable's query as the console sends it: `label_values(X, L)` becomes `count(X) by (L)`.
+fn console_variable_query(q: &str) -> String {
+    let inner = q.strip_prefix("label_values(").and_then(|x| x.strip_suffix(')')).expect("label_values(...)");
+    let (expr, label) = inner.rsplit_once(", ").expect("label_values(metric, label)");
+    format!("count({expr}) by ({label})")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_query_runs_on_real_prometheus_against_a_real_controller() {
     let targets = [MetricsTarget::vllm(0.0, 3.0, 0.2).await, MetricsTarget::vllm(6.0, 40.0, 0.8).await];
@@ -140,11 +217,18 @@ async fn every_query_runs_on_real_prometheus_against_a_real_controller() {
         "vllm:e2e_request_latency_seconds_bucket",
     ];
     let d = dashboard();
+    let (_, console) = console();
     let qs = queries(&d);
-    for (title, e) in &qs {
+    let console_qs: Vec<(String, String)> = queries(&console)
+        .into_iter()
+        .chain(console["templating"]["list"].as_array().expect("vars").iter().map(|v| {
+            (format!("variable {}", v["name"]), console_variable_query(v["query"].as_str().expect("query")))
+        }))
+        .collect();
+    for (title, e) in qs.iter().chain(&console_qs) {
         for n in metric_names(e) {
-            let known =
-                if n.starts_with("llmlc_") { exported.contains(&n) } else { vllm.contains(&n.as_str()) };
+            let ours = n.starts_with("llmlc_") || n.starts_with("process_");
+            let known = if ours { exported.contains(&n) } else { vllm.contains(&n.as_str()) };
             assert!(known, "{title}: {n} is not a metric the controller or vLLM exports");
         }
     }
@@ -153,13 +237,38 @@ async fn every_query_runs_on_real_prometheus_against_a_real_controller() {
     // them when the series carry no namespace label (plain scrape).
     let mut scraped = members.clone();
     scraped.push(format!("127.0.0.1:{listen}"));
-    let prom = Prometheus::start("llm", &scraped).await;
-    prom.wait_for_series("llmlc_member_ratio", 2, Duration::from_secs(30)).await;
+    // The job name the ServiceMonitor gives the controller (the console's process_* panels select it).
+    let prom = Prometheus::start("llm-load-controller", &scraped).await;
+    prom.wait_for_series("llmlc_member_weight", 2, Duration::from_secs(30)).await;
     prom.wait_for_series("vllm:num_requests_waiting", 2, Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_secs(2)).await; // a few more scrapes for the rate() windows
+    let grafana_vars = [("$namespace", ""), ("$vllm_namespace", ""), ("$pool", ".*")];
+    let grafana_must =
+        ["Leader", "Ratio per member", "Waiting requests", "KV cache usage", "Pool saturation"];
+    run_all(&prom, &qs, &grafana_vars, &grafana_must).await;
+    // The console fills "All" with `.+` and $__rate_interval with at least 5m.
+    let console_vars =
+        [("$namespace", ""), ("$vllm_namespace", ""), ("$pool", ".+"), ("$__rate_interval", "5m")];
+    let console_must = [
+        "Leaders",
+        "Weight per member",
+        "Pool saturation",
+        "Members now",
+        "Controller memory",
+        "Waiting requests",
+        "KV cache usage",
+        "variable \"pool\"",
+    ];
+    run_all(&prom, &console_qs, &console_vars, &console_must).await;
+}
+
+/// Run every query with the variables filled in; the named panels must return data.
+async fn run_all(prom: &Prometheus, qs: &[(String, String)], vars: &[(&str, &str)], must_have_data: &[&str]) {
     let http = reqwest::Client::new();
-    for (title, e) in &qs {
-        let q = e.replace("$namespace", "").replace("$vllm_namespace", "").replace("$pool", ".*");
+    let mut seen = BTreeSet::new();
+    for (title, e) in qs {
+        let q = vars.iter().fold(e.clone(), |q, (k, v)| q.replace(k, v));
+        assert!(!q.contains('$'), "{title}: unfilled variable in {q}");
         let r: Value = http
             .get(format!("{}/api/v1/query", prom.url()))
             .query(&[("query", q.as_str())])
@@ -171,10 +280,14 @@ async fn every_query_runs_on_real_prometheus_against_a_real_controller() {
             .expect("JSON");
         assert_eq!(r["status"], "success", "{title}: {q}\n{r}");
         let n = r["data"]["result"].as_array().map(Vec::len).unwrap_or(0);
-        let must_have_data =
-            ["Leader", "Ratio per member", "Waiting requests", "KV cache usage", "Pool saturation"];
         if must_have_data.contains(&title.as_str()) {
             assert!(n > 0, "{title}: no data for {q}");
+            seen.insert(title.as_str());
         }
     }
+    assert_eq!(
+        seen.len(),
+        must_have_data.len(),
+        "panels named but not found: {must_have_data:?} vs {seen:?}"
+    );
 }

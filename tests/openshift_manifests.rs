@@ -61,6 +61,129 @@ struct SmEndpoint {
     interval: Option<String>,
 }
 
+/// `monitoring.coreos.com/v1` PrometheusRule (a CRD): the fields prometheus-operator accepts for a
+/// rule group and a rule, unknown fields are errors. The rules themselves run in
+/// tests/openshift_alerts.rs (promtool).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PrometheusRule {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    spec: PrometheusRuleSpec,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrometheusRuleSpec {
+    groups: Vec<RuleGroup>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleGroup {
+    name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    interval: Option<String>,
+    rules: Vec<Rule>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Rule {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    record: Option<String>,
+    expr: String,
+    #[serde(rename = "for", skip_serializing_if = "Option::is_none")]
+    for_: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+/// `keda.sh/v1alpha1` ScaledObject (KEDA / OpenShift Custom Metrics Autoscaler): the fields used
+/// here, typed as KEDA's CRD defines them; unknown fields are errors.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ScaledObject {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: ScaledObjectSpec,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ScaledObjectSpec {
+    pub scale_target_ref: k8s_openapi::api::autoscaling::v2::CrossVersionObjectReference,
+    pub min_replica_count: i32,
+    pub max_replica_count: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub polling_interval: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cooldown_period: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advanced: Option<ScaledObjectAdvanced>,
+    pub triggers: Vec<ScaleTrigger>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ScaledObjectAdvanced {
+    pub horizontal_pod_autoscaler_config: HpaConfig,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HpaConfig {
+    pub behavior: k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscalerBehavior,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ScaleTrigger {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub metric_type: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub authentication_ref: Option<NameRef>,
+    /// KEDA trigger metadata is a map of strings (numbers must be quoted).
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NameRef {
+    pub name: String,
+}
+
+/// `keda.sh/v1alpha1` TriggerAuthentication with Secret references.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TriggerAuthentication {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: TriggerAuthSpec,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TriggerAuthSpec {
+    pub secret_target_ref: Vec<SecretTargetRef>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretTargetRef {
+    pub parameter: String,
+    pub name: String,
+    pub key: String,
+}
+
 /// All YAML documents of a file (or of kubectl's output), as JSON values.
 fn yaml_docs(text: &str, origin: &str) -> Vec<Value> {
     serde_yaml_ng::Deserializer::from_str(text)
@@ -115,6 +238,10 @@ enum Obj {
     Pdb(Box<PodDisruptionBudget>),
     NetworkPolicy(Box<NetworkPolicy>),
     ServiceMonitor(Box<ServiceMonitor>),
+    PrometheusRule(Box<PrometheusRule>),
+    Hpa(Box<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>),
+    ScaledObject(Box<ScaledObject>),
+    TriggerAuthentication(Box<TriggerAuthentication>),
 }
 
 fn validate(doc: &Value, origin: &str) -> Obj {
@@ -134,7 +261,41 @@ fn validate(doc: &Value, origin: &str) -> Obj {
         ("policy/v1", "PodDisruptionBudget") => Obj::Pdb(typed(doc, &o)),
         ("networking.k8s.io/v1", "NetworkPolicy") => Obj::NetworkPolicy(typed(doc, &o)),
         ("monitoring.coreos.com/v1", "ServiceMonitor") => Obj::ServiceMonitor(typed(doc, &o)),
+        ("autoscaling/v2", "HorizontalPodAutoscaler") => Obj::Hpa(typed(doc, &o)),
+        ("keda.sh/v1alpha1", "ScaledObject") => Obj::ScaledObject(typed(doc, &o)),
+        ("keda.sh/v1alpha1", "TriggerAuthentication") => Obj::TriggerAuthentication(typed(doc, &o)),
+        ("monitoring.coreos.com/v1", "PrometheusRule") => {
+            let r: Box<PrometheusRule> = typed(doc, &o);
+            check_rules(&r, &o);
+            Obj::PrometheusRule(r)
+        }
         _ => panic!("{o}: unexpected kind; add it to this test's validation"),
+    }
+}
+
+/// What prometheus-operator would refuse or what would never page anyone.
+fn check_rules(r: &PrometheusRule, origin: &str) {
+    assert!(!r.spec.groups.is_empty(), "{origin}: no rule groups");
+    for g in &r.spec.groups {
+        for rule in &g.rules {
+            let name = rule.alert.as_deref().or(rule.record.as_deref()).unwrap_or_default();
+            assert!(
+                rule.alert.is_some() != rule.record.is_some(),
+                "{origin}: {name}: a rule is either an alert or a recording rule"
+            );
+            if rule.alert.is_some() {
+                let sev = rule.labels.as_ref().and_then(|l| l.get("severity"));
+                assert!(
+                    matches!(sev.map(String::as_str), Some("critical" | "warning" | "info")),
+                    "{origin}: {name}: severity {sev:?}"
+                );
+                let ann = rule.annotations.clone().unwrap_or_default();
+                assert!(ann.contains_key("summary") && ann.contains_key("description"), "{origin}: {name}");
+                if let Some(f) = &rule.for_ {
+                    humantime::parse_duration(f).unwrap_or_else(|e| panic!("{origin}: {name}: for {f}: {e}"));
+                }
+            }
+        }
     }
 }
 
@@ -219,15 +380,28 @@ fn every_manifest_file_is_a_valid_kubernetes_object() {
         let text = std::fs::read_to_string(&f).expect("read");
         for (i, doc) in yaml_docs(&text, &f.display().to_string()).iter().enumerate() {
             if let Obj::Secret(sec) = validate(doc, &format!("{}#{i}", f.display())) {
-                // The BIG-IP credentials template: the type and keys the F5 sink's mounts expect.
-                assert_eq!(sec.type_.as_deref(), Some("kubernetes.io/basic-auth"), "{}", f.display());
-                let keys = sec.string_data.as_ref().expect("stringData");
-                assert!(keys.contains_key("username") && keys.contains_key("password"), "{}", f.display());
+                if sec.type_.as_deref() == Some("kubernetes.io/service-account-token") {
+                    // The autoscaler's Thanos token: filled in by the token controller for this SA.
+                    let ann = sec.metadata.annotations.clone().unwrap_or_default();
+                    assert!(ann.contains_key("kubernetes.io/service-account.name"), "{}", f.display());
+                } else {
+                    // The BIG-IP credentials template: the type and keys the F5 sink's mounts expect.
+                    assert_eq!(sec.type_.as_deref(), Some("kubernetes.io/basic-auth"), "{}", f.display());
+                    let keys = sec.string_data.as_ref().expect("stringData");
+                    assert!(
+                        keys.contains_key("username") && keys.contains_key("password"),
+                        "{}",
+                        f.display()
+                    );
+                }
             }
             n += 1;
         }
     }
-    assert!(n >= 13, "expected the base's 11 objects and the 2 templates, validated {n}");
+    assert!(
+        n >= 20,
+        "expected the base's 12 objects, the 2 templates and 6 autoscaling objects, validated {n}"
+    );
 }
 
 #[test]
@@ -305,6 +479,7 @@ fn check_overlay(o: &str, objs: &[Obj]) {
         "Deployment",
         "Service",
         "ServiceMonitor",
+        "PrometheusRule",
         "Pdb",
         "NetworkPolicy",
     ] {
@@ -318,6 +493,7 @@ fn check_overlay(o: &str, objs: &[Obj]) {
     let mut cms = BTreeMap::new();
     let (mut svc, mut sm, mut pdb, mut np, mut role, mut crb, mut rb, mut sa) =
         (None, None, None, None, None, None, None, None);
+    let mut rule = None;
     for x in objs {
         let meta_ns = |m: &ObjectMeta, cluster: bool| {
             if cluster {
@@ -368,6 +544,13 @@ fn check_overlay(o: &str, objs: &[Obj]) {
             Obj::ServiceMonitor(s) => {
                 meta_ns(&s.metadata, false);
                 sm = Some(s.as_ref());
+            }
+            Obj::PrometheusRule(r) => {
+                meta_ns(&r.metadata, false);
+                rule = Some(r.as_ref());
+            }
+            Obj::Hpa(_) | Obj::ScaledObject(_) | Obj::TriggerAuthentication(_) => {
+                panic!("{o}: autoscaling belongs to the model's namespace, not to the controller's overlays")
             }
         }
     }
@@ -438,6 +621,10 @@ fn check_overlay(o: &str, objs: &[Obj]) {
         "{o}: image {:?}",
         c.image
     );
+    // Pinned to the release, not :latest, so IfNotPresent cannot keep a stale image on some nodes.
+    let tag = c.image.as_deref().and_then(|i| i.rsplit_once(':')).map(|(_, t)| t).unwrap_or_default();
+    assert_eq!(tag, env!("CARGO_PKG_VERSION"), "{o}: image tag");
+    assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"), "{o}: pull policy of a pinned tag");
 
     // Mounts: every mount has a volume; where each one comes from.
     let volumes = pod.volumes.as_ref().expect("volumes");
@@ -562,6 +749,13 @@ fn check_overlay(o: &str, objs: &[Obj]) {
         .expect("port to http");
     let svc_labels = svc.metadata.labels.clone().unwrap_or_default();
     assert!(selects(&sm.spec.selector, &svc_labels), "{o}: ServiceMonitor misses the Service");
+    // Scraped through the ServiceMonitor, the job label is the Service's name: the alerts select it.
+    let job = format!("job=\"{}\"", svc.metadata.name.clone().expect("service name"));
+    for g in &rule.expect("PrometheusRule").spec.groups {
+        for r in &g.rules {
+            assert!(r.expr.contains(&job), "{o}: {:?} does not select {job}", r.alert);
+        }
+    }
     assert!(sm
         .spec
         .endpoints
@@ -602,4 +796,133 @@ fn check_overlay(o: &str, objs: &[Obj]) {
     if o == "envoy" {
         assert!(admits("llm-gateway"), "envoy: Envoy cannot poll EDS");
     }
+}
+
+#[test]
+fn images_are_pinned_to_the_release_in_every_kustomization() {
+    for o in OVERLAYS {
+        let k = kustomization(&root().join("overlays").join(o));
+        let images = k["images"].as_array().expect("images");
+        for i in images {
+            assert_eq!(i["newTag"].as_str(), Some(env!("CARGO_PKG_VERSION")), "{o}: {i}");
+        }
+    }
+    let mut files = Vec::new();
+    all_yaml(&root(), &mut files);
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("read");
+        for l in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+            assert!(!l.contains(":latest") && !l.contains("newTag: latest"), "{}: {l}", f.display());
+        }
+    }
+}
+
+#[test]
+fn autoscaling_examples_agree_with_each_other_and_with_the_controller() {
+    let dir = root().join("autoscaling");
+    let (mut so, mut hpa, mut ta, mut secrets, mut sa, mut crb) = (None, None, None, Vec::new(), None, None);
+    for f in ["keda-scaledobject.yaml", "hpa-external.yaml"] {
+        let p = dir.join(f);
+        let text = std::fs::read_to_string(&p).expect("read");
+        for (i, doc) in yaml_docs(&text, f).iter().enumerate() {
+            match validate(doc, &format!("{f}#{i}")) {
+                Obj::ScaledObject(x) => so = Some(x),
+                Obj::Hpa(x) => hpa = Some(x),
+                Obj::TriggerAuthentication(x) => ta = Some(x),
+                Obj::Secret(x) => secrets.push(x),
+                Obj::ServiceAccount(x) => sa = Some(x),
+                Obj::ClusterRoleBinding(x) => crb = Some(x),
+                other => panic!("{f}: unexpected {other:?}"),
+            }
+        }
+    }
+    let (so, hpa, ta, sa, crb) = (
+        so.expect("ScaledObject"),
+        hpa.expect("HPA"),
+        ta.expect("TriggerAuthentication"),
+        sa.expect("ServiceAccount"),
+        crb.expect("ClusterRoleBinding"),
+    );
+    let ns = so.metadata.namespace.clone().expect("namespace");
+    for m in [&hpa.metadata, &ta.metadata, &sa.metadata] {
+        assert_eq!(m.namespace.as_ref(), Some(&ns), "everything in the model's namespace");
+    }
+    // Both scale the same Deployment within the same bounds.
+    let hs = hpa.spec.as_ref().expect("hpa spec");
+    assert_eq!(so.spec.scale_target_ref, hs.scale_target_ref);
+    assert_eq!(
+        (so.spec.min_replica_count, so.spec.max_replica_count),
+        (hs.min_replicas.unwrap_or(1), hs.max_replicas)
+    );
+    assert!(so.spec.min_replica_count >= 1, "never to zero: the pool would have no member");
+
+    // The KEDA trigger: the saturation metric of a pool some overlay configures, as a Value metric,
+    // with the same target as the HPA, and failing (not zero) when the metric is missing.
+    assert_eq!(so.spec.triggers.len(), 1);
+    let t = &so.spec.triggers[0];
+    assert_eq!((t.type_.as_str(), t.metric_type.as_str()), ("prometheus", "Value"));
+    let md = &t.metadata;
+    let query = &md["query"];
+    assert!(query.contains("llmlc_pool_saturation_ratio") && query.contains("llmlc_pool_up"), "{query}");
+    let pools: Vec<String> = OVERLAYS
+        .iter()
+        .flat_map(|o| {
+            let p = root().join("overlays").join(o).join("controller.yaml");
+            let cfg = config::parse(&p, &std::fs::read_to_string(&p).expect("read")).expect("valid");
+            cfg.pools.into_iter().map(|p| p.name)
+        })
+        .collect();
+    assert!(
+        pools.iter().any(|p| query.contains(&format!("pool=\"{p}\""))),
+        "{query} names no configured pool {pools:?}"
+    );
+    assert!(query.contains(&format!("namespace=\"{NS}\"")), "the controller's namespace");
+    let threshold: f64 = md["threshold"].parse().expect("threshold");
+    assert!(threshold > 0.0 && threshold < 1.0, "saturation is 0..1: {threshold}");
+    assert_eq!(
+        md.get("ignoreNullValues").map(String::as_str),
+        Some("false"),
+        "a missing metric must not scale in"
+    );
+    assert!(
+        md["serverAddress"].starts_with("https://thanos-querier.openshift-monitoring.svc"),
+        "{}",
+        md["serverAddress"]
+    );
+    let ext = hs.metrics.as_ref().expect("metrics")[0].external.as_ref().expect("external metric");
+    assert_eq!(ext.metric.name, "llmlc_pool_saturation_ratio");
+    assert_eq!(ext.target.type_, "Value");
+    let v = ext.target.value.as_ref().expect("value").0.clone();
+    let hpa_target: f64 = match v.strip_suffix('m') {
+        Some(milli) => milli.parse::<f64>().expect("milli") / 1000.0,
+        None => v.parse().expect("quantity"),
+    };
+    assert_eq!(hpa_target, threshold, "KEDA and HPA examples use the same target");
+    // Slow scale-down (a replica takes minutes to come back), as the README recommends.
+    for b in [
+        so.spec.advanced.as_ref().map(|a| &a.horizontal_pod_autoscaler_config.behavior),
+        hs.behavior.as_ref(),
+    ] {
+        let down = b.and_then(|b| b.scale_down.as_ref()).expect("scaleDown behavior");
+        assert!(
+            down.stabilization_window_seconds.unwrap_or(0) >= 300,
+            "scale down after >= 5 min of low load"
+        );
+    }
+
+    // Authentication: the token Secret of the service account bound to cluster-monitoring-view.
+    let token_secret =
+        &ta.spec.secret_target_ref.iter().find(|r| r.parameter == "bearerToken").expect("bearer").name;
+    let sec = secrets.iter().find(|s| s.metadata.name.as_ref() == Some(token_secret)).expect("token Secret");
+    let sa_name = sa.metadata.name.clone().expect("sa name");
+    assert_eq!(
+        sec.metadata.annotations.as_ref().and_then(|a| a.get("kubernetes.io/service-account.name")),
+        Some(&sa_name)
+    );
+    assert_eq!(crb.role_ref.name, "cluster-monitoring-view");
+    assert!(crb
+        .subjects
+        .as_ref()
+        .is_some_and(|s| s.iter().any(|s| s.name == sa_name && s.namespace.as_ref() == Some(&ns))));
+    assert_eq!(t.authentication_ref.as_ref().map(|a| a.name.as_str()), ta.metadata.name.as_deref());
 }

