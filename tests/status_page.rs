@@ -192,10 +192,10 @@ async fn before_the_first_cycle_the_page_says_so_without_errors_then_shows_the_c
         ts: "2026-01-01T00:00:00Z".into(),
         pools: vec![PoolReport {
             pool: "p<1>".into(),
-            state: "ok",
+            state: llm_load_controller::cycle::PoolState::Ok,
             policy: "feedback",
             sink: "dry-run",
-            push: "dry_run",
+            push: llm_load_controller::cycle::PushOutcome::DryRun,
             saturation: Some(0.25),
             members: vec![
                 MemberReport {
