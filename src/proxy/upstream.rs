@@ -1,7 +1,10 @@
 //! Forwarding one request to one member, with the proxy's timeouts, and streaming the answer back
 //! without buffering.
 //!
-//! - connect: reqwest's connect timeout; a refused or timed-out connect is [`ForwardError::Connect`],
+//! The client is hyper's own (not reqwest): the member URIs are built once at load
+//! ([`member_uri`]), so a request costs no URL parsing, and headers move across without conversion.
+//!
+//! - connect: the connector's timeout; a refused or timed-out connect is [`ForwardError::Connect`],
 //!   which the caller retries on another member (nothing has reached the client yet).
 //! - first byte: from sending the request to the first chunk of the response body. The response
 //!   head is held until that chunk arrives, so a member that accepts but never answers gets a clean
@@ -9,21 +12,27 @@
 //! - idle: longest silence between two body chunks once streaming; past it the body ends with an
 //!   error (the client sees a broken chunked response, the honest signal mid-stream).
 //!
-//! Each chunk is handed to the client as soon as it arrives (SSE tokens included). Dropping the
-//! returned stream (the client went away) drops the upstream response, which closes the upstream
-//! connection; vLLM aborts a request whose connection closes.
+//! Each chunk is handed to the client as soon as it arrives (SSE tokens included). A non-streamed
+//! answer keeps the member's `Content-Length`; one the member sent chunked (no length) and that is
+//! not an event stream is collected (up to [`MAX_COLLECT`]) so the client gets a length too.
+//! Dropping the returned stream (the client went away) drops the upstream response, which closes
+//! the upstream connection; vLLM aborts a request whose connection closes.
 
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use futures::{Stream, StreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 
 use super::config::Timeouts;
 
-/// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1), plus those the proxy
-/// sets itself.
+/// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1), plus `host` (the
+/// client sets the member's).
 const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
@@ -35,11 +44,24 @@ const HOP_BY_HOP: &[&str] = &[
     "transfer-encoding",
     "upgrade",
     "host",
-    "content-length",
 ];
+
+/// Largest chunked non-streamed answer collected to give it a `Content-Length`; past it the rest
+/// streams on (chunked).
+pub const MAX_COLLECT: usize = 8 << 20;
 
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str())
+}
+
+/// `http://host:port/path` for a member (IPv6 hosts get their brackets back).
+pub fn member_uri(member: &llm_lc_adapters::MemberId, path: &str) -> Result<Uri, String> {
+    let base = match member.host_port() {
+        Some((h, p)) if h.contains(':') => format!("http://[{h}]:{p}"),
+        Some((h, p)) => format!("http://{h}:{p}"),
+        None => format!("http://{member}"),
+    };
+    format!("{base}{path}").parse::<Uri>().map_err(|e| format!("member {member}: not a URI: {e}"))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,15 +86,24 @@ pub struct Started {
     pub body: BodyStream,
 }
 
+type HyperClient = Client<HttpConnector, Full<Bytes>>;
+
 #[derive(Clone)]
 pub struct Upstream {
-    client: reqwest::Client,
+    client: HyperClient,
+    /// For the rare calls that are not forwarding (members' `/v1/models`, polling, guards).
+    reqwest: reqwest::Client,
     timeouts: Timeouts,
 }
 
 impl Upstream {
     pub fn new(timeouts: &Timeouts) -> Result<Upstream, String> {
-        let client = reqwest::Client::builder()
+        let mut conn = HttpConnector::new();
+        conn.set_connect_timeout(Some(timeouts.connect));
+        conn.set_nodelay(true);
+        let client =
+            Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(conn);
+        let reqwest = reqwest::Client::builder()
             .connect_timeout(timeouts.connect)
             .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(60))
@@ -80,43 +111,44 @@ impl Upstream {
             .no_proxy()
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Upstream { client, timeouts: timeouts.clone() })
+        Ok(Upstream { client, reqwest, timeouts: timeouts.clone() })
     }
 
     pub fn client(&self) -> &reqwest::Client {
-        &self.client
+        &self.reqwest
     }
 
-    /// POST `body` to `base` + `path` and wait for the first body chunk.
-    pub async fn send(
-        &self,
-        base: &str,
-        path: &str,
-        headers: &HeaderMap,
-        body: Bytes,
-    ) -> Result<Started, ForwardError> {
-        let mut out = reqwest::header::HeaderMap::new();
+    /// POST `body` to `uri` and wait for the first body chunk.
+    pub async fn send(&self, uri: &Uri, headers: &HeaderMap, body: Bytes) -> Result<Started, ForwardError> {
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = uri.clone();
+        let out = req.headers_mut();
+        out.reserve(headers.len());
         for (k, v) in headers {
-            if !is_hop_by_hop(k) {
+            // The body may have been rewritten (model split): hyper sets the length from it.
+            if !is_hop_by_hop(k) && k != header::CONTENT_LENGTH {
                 out.append(k.clone(), v.clone());
             }
         }
         let deadline = tokio::time::Instant::now() + self.timeouts.first_byte;
-        let req = self.client.post(format!("{base}{path}")).headers(out).body(body);
-        let resp = match tokio::time::timeout_at(deadline, req.send()).await {
+        let resp = match tokio::time::timeout_at(deadline, self.client.request(req)).await {
             Err(_) => return Err(ForwardError::FirstByteTimeout(self.timeouts.first_byte)),
             Ok(Err(e)) if e.is_connect() => return Err(ForwardError::Connect(error_chain(&e))),
             Ok(Err(e)) => return Err(ForwardError::Broken(format!("request failed: {}", error_chain(&e)))),
             Ok(Ok(r)) => r,
         };
-        let status = resp.status();
-        let mut headers = HeaderMap::new();
-        for (k, v) in resp.headers() {
-            if !is_hop_by_hop(k) {
-                headers.append(k.clone(), v.clone());
-            }
+        let (parts, incoming) = resp.into_parts();
+        let status = parts.status;
+        let mut headers = parts.headers;
+        for h in HOP_BY_HOP {
+            headers.remove(*h);
         }
-        let mut upstream = resp.bytes_stream();
+        let streamed = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        let mut upstream = incoming.into_data_stream();
         // Skip empty chunks: they carry nothing a client could use.
         let first = loop {
             match tokio::time::timeout_at(deadline, upstream.next()).await {
@@ -134,29 +166,74 @@ impl Upstream {
         };
         let first_at = Instant::now();
         let idle = self.timeouts.idle;
-        let rest = futures::stream::unfold(Some(upstream), move |st| async move {
-            let mut s = st?;
-            match tokio::time::timeout(idle, s.next()).await {
-                Ok(Some(Ok(b))) => Some((Ok(b), Some(s))),
-                Ok(Some(Err(e))) => {
-                    Some((Err(std::io::Error::other(format!("upstream broke: {}", error_chain(&e)))), None))
-                }
-                Ok(None) => None,
-                Err(_) => Some((
-                    Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!("upstream silent for longer than the idle timeout of {idle:?}"),
-                    )),
-                    None,
-                )),
-            }
-        });
-        let body: BodyStream = match first {
-            Some(b) => Box::pin(futures::stream::once(async move { Ok(b) }).chain(rest)),
-            None => Box::pin(futures::stream::empty()),
+        let Some(first) = first else {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+            return Ok(Started { status, headers, first_at, body: Box::pin(futures::stream::empty()) });
         };
+        if !streamed && !headers.contains_key(header::CONTENT_LENGTH) {
+            // A whole answer sent chunked: collect it so the client gets a Content-Length.
+            let mut buf = first.to_vec();
+            loop {
+                match tokio::time::timeout(idle, upstream.next()).await {
+                    Ok(Some(Ok(b))) => {
+                        buf.extend_from_slice(&b);
+                        if buf.len() > MAX_COLLECT {
+                            let head = futures::stream::once(async move { Ok(Bytes::from(buf)) });
+                            let body: BodyStream = Box::pin(head.chain(rest_of(upstream, idle)));
+                            return Ok(Started { status, headers, first_at, body });
+                        }
+                    }
+                    Ok(Some(Err(e))) => {
+                        return Err(ForwardError::Broken(format!("upstream broke: {}", error_chain(&e))))
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        return Err(ForwardError::Broken(format!(
+                            "upstream silent for longer than the idle timeout of {idle:?}"
+                        )))
+                    }
+                }
+            }
+            if let Ok(v) = HeaderValue::from_str(&buf.len().to_string()) {
+                headers.insert(header::CONTENT_LENGTH, v);
+            }
+            let whole = Bytes::from(buf);
+            return Ok(Started {
+                status,
+                headers,
+                first_at,
+                body: Box::pin(futures::stream::once(async move { Ok(whole) })),
+            });
+        }
+        let body: BodyStream =
+            Box::pin(futures::stream::once(async move { Ok(first) }).chain(rest_of(upstream, idle)));
         Ok(Started { status, headers, first_at, body })
     }
+}
+
+/// The rest of an upstream body with the idle timeout between chunks.
+fn rest_of<S, E>(upstream: S, idle: Duration) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
+    E: std::error::Error + Send + 'static,
+{
+    futures::stream::unfold(Some(upstream), move |st| async move {
+        let mut s = st?;
+        match tokio::time::timeout(idle, s.next()).await {
+            Ok(Some(Ok(b))) => Some((Ok(b), Some(s))),
+            Ok(Some(Err(e))) => {
+                Some((Err(std::io::Error::other(format!("upstream broke: {}", error_chain(&e)))), None))
+            }
+            Ok(None) => None,
+            Err(_) => Some((
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("upstream silent for longer than the idle timeout of {idle:?}"),
+                )),
+                None,
+            )),
+        }
+    })
 }
 
 /// An error with its sources, one line ("connection refused" sits a few levels down in reqwest).
