@@ -124,6 +124,8 @@ struct Activity {
     active: AtomicUsize,
     /// Milliseconds after `born` when the last response ended; `u64::MAX` before any.
     last_end_ms: AtomicU64,
+    /// Wakes the watchdog when a request starts or ends (its deadline moves).
+    changed: tokio::sync::Notify,
 }
 
 impl Activity {
@@ -147,6 +149,7 @@ impl Drop for Busy {
         let ms = u64::try_from(self.0.born.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
         self.0.last_end_ms.store(ms, Ordering::Release);
         self.0.active.fetch_sub(1, Ordering::AcqRel);
+        self.0.changed.notify_one();
     }
 }
 
@@ -189,11 +192,13 @@ async fn serve_conn(
         born: Instant::now(),
         active: AtomicUsize::new(0),
         last_end_ms: AtomicU64::new(u64::MAX),
+        changed: tokio::sync::Notify::new(),
     });
     let inner = TowerToHyperService::new(app);
     let act = activity.clone();
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         act.active.fetch_add(1, Ordering::AcqRel);
+        act.changed.notify_one();
         let busy = Busy(act.clone());
         let fut = inner.call(req);
         async move {
@@ -214,6 +219,7 @@ async fn serve_conn(
                 }
                 return;
             }
+            _ = activity.changed.notified() => {}
             _ = stop.cancelled(), if !draining => {
                 draining = true;
                 conn.as_mut().graceful_shutdown();
