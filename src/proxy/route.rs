@@ -970,6 +970,52 @@ steps:
     }
 
     #[test]
+    fn guard_steps_are_validated_and_walked() {
+        let bad = r#"
+steps:
+  - id: g
+    field: model
+    guard: { route_steps: [nope], route_pools: [zz] }
+    match: { step: m }
+    miss: { pool: a }
+  - id: m
+    field: model
+    op: exists
+    match: { pool: a }
+    miss: { pool: b }
+"#;
+        let e = table(bad).unwrap_err();
+        let text = format!("{e:?}");
+        for want in ["takes no `field`", "has no `miss`", "needs a `url`", "route_steps[0]", "route_pools[0]"]
+        {
+            assert!(text.contains(want), "{want}: {text}");
+        }
+        let good = r#"
+steps:
+  - id: g
+    guard: { deny: [ { regex: "(?i)drop table", status: 422 } ] }
+    match: { step: m }
+  - id: m
+    field: model
+    op: exists
+    match: { pool: a }
+    miss: { pool: b }
+"#;
+        let t = table(good).unwrap();
+        let h = HeaderMap::new();
+        let d = t.evaluate(&json!({"model": "x", "prompt": "DROP TABLE users"}), &h);
+        assert!(matches!(d.target, Target::Reject { status: 422, .. }), "{d:?}");
+        assert_eq!(d.route(&t), "g:deny-rule");
+        let d = t.evaluate(&json!({"model": "x", "prompt": "hello"}), &h);
+        assert_eq!(d.route(&t), "g:allow,m:match");
+        assert!(
+            t.explain(&d).contains("step g: guard (1 deny rule(s)) -> deny rules passed -> allow -> step m"),
+            "{}",
+            t.explain(&d)
+        );
+    }
+
+    #[test]
     fn comparisons() {
         let v = |x: Value| x;
         assert!(Cond::Prefix("sql-".into()).test(&v(json!("sql-v2"))));
