@@ -352,8 +352,10 @@ mod tests {
         assert!(matches!(a.command, Some(ProxyCommand::Explain { headers, .. }) if headers == ["x-a: 1"]));
         let a = parse(&["export-bigip", "--config", "p.yaml", "--format", "rest"]).unwrap();
         assert!(matches!(a.command, Some(ProxyCommand::ExportBigip { format: ExportFormat::Rest, .. })));
-        let a = parse(&["bench", "--requests", "10", "--concurrency", "2"]).unwrap();
-        assert!(matches!(a.command, Some(ProxyCommand::Bench(b)) if b.requests == 10 && b.concurrency == 2));
+        let a = parse(&["bench", "--requests", "10", "--concurrency", "1,16,64"]).unwrap();
+        assert!(
+            matches!(a.command, Some(ProxyCommand::Bench(b)) if b.requests == 10 && b.concurrency == [1, 16, 64])
+        );
         assert!(parse(&["--config", "p.yaml", "explain", "-c", "p.yaml", "--body", "b"]).is_err());
     }
 
