@@ -1,7 +1,7 @@
 //! `proxy bench`: the proxy's overhead, measured side by side with real HAProxy in the same run.
 //!
 //! Starts a fast in-process backend answering streamed chat completions (`--tokens` SSE events of
-//! vLLM's shape, sent as fast as it can), then the proxy (this binary, `proxy --config ...`, as its
+//! vLLM's shape, one write each with no delay between them), then the proxy (this binary, `proxy --config ...`, as its
 //! own process) and HAProxy (`$HAPROXY_BIN`, `/usr/sbin/haproxy` or `haproxy` on PATH) both
 //! forwarding to it, on free loopback ports with generated configs in a temp dir.
 //!
@@ -137,27 +137,41 @@ fn haproxy_bin() -> PathBuf {
 /// Send `n` requests to `url` at `concurrency`; each request's latency (None when it failed) and
 /// the wall time of the batch.
 async fn batch(client: &reqwest::Client, url: &str, n: usize, concurrency: usize) -> (Vec<Option<f64>>, f64) {
+    const DONE: &[u8] = b"data: [DONE]\n\n";
     let started = Instant::now();
-    let results: Vec<Option<f64>> = futures::stream::iter(0..n)
+    let results: Vec<Result<f64, String>> = futures::stream::iter(0..n)
         .map(|_| async {
             let t = Instant::now();
             let r = client.post(url).header("content-type", "application/json").body(BODY).send().await;
             let resp = match r {
                 Ok(resp) if resp.status().is_success() => resp,
-                _ => return None,
+                Ok(resp) => return Err(format!("status {}", resp.status())),
+                Err(e) => return Err(super::upstream::error_chain(&e)),
             };
             let mut body = resp.bytes_stream();
-            let mut last = Bytes::new();
+            // The last bytes seen, across chunk boundaries.
+            let mut tail: Vec<u8> = Vec::with_capacity(64);
             while let Some(chunk) = body.next().await {
-                last = chunk.ok()?;
+                let chunk = chunk.map_err(|e| super::upstream::error_chain(&e))?;
+                tail.extend_from_slice(&chunk);
+                if tail.len() > 32 {
+                    tail.drain(..tail.len() - 32);
+                }
             }
             // A stream cut short is an error, not a fast answer.
-            last.ends_with(b"data: [DONE]\n\n").then(|| t.elapsed().as_secs_f64())
+            if tail.ends_with(DONE) {
+                Ok(t.elapsed().as_secs_f64())
+            } else {
+                Err("the stream ended without [DONE]".into())
+            }
         })
         .buffer_unordered(concurrency.max(1))
         .collect()
         .await;
-    (results, started.elapsed().as_secs_f64())
+    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+        eprintln!("{url}: {} of {n} failed, e.g.: {e}", results.iter().filter(|r| r.is_err()).count());
+    }
+    (results.into_iter().map(Result::ok).collect(), started.elapsed().as_secs_f64())
 }
 
 fn summarize(name: &'static str, concurrency: usize, results: &[Option<f64>], busy_s: f64) -> Measured {
@@ -200,11 +214,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         post(move || {
             let events = events.clone();
             async move {
-                let s = futures::stream::iter(events.into_iter().map(Ok::<_, std::io::Error>));
+                // One write per event, as a model server streams tokens (yielding between events
+                // makes hyper flush each one instead of batching the whole answer).
+                let s = futures::stream::iter(events).then(|e| async move {
+                    tokio::task::yield_now().await;
+                    Ok::<_, std::io::Error>(e)
+                });
                 ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(s))
             }
         }),
     );
+    // TCP_NODELAY like vLLM's uvicorn: without it Nagle and delayed ACKs add ~40 ms per stream.
+    let backend = axum::serve::ListenerExt::tap_io(backend, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let backend_task = tokio::spawn(async move {
         let _ = axum::serve(backend, app).await;
     });

@@ -28,6 +28,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use std::future::Future as _;
 
 use super::config::Timeouts;
 
@@ -211,29 +212,117 @@ impl Upstream {
     }
 }
 
-/// The rest of an upstream body with the idle timeout between chunks.
+/// Largest piece handed on at once when several upstream chunks are already waiting.
+const MAX_PIECE: usize = 64 << 10;
+
+/// The rest of an upstream body, forwarded without waiting for anything: each poll hands on
+/// everything that has already arrived (so a client that fell behind gets one write instead of
+/// hundreds, as HAProxy does), and never holds a chunk back to wait for more. The idle timeout runs
+/// only while nothing is available; one timer per stream, reset rather than rebuilt.
 fn rest_of<S, E>(upstream: S, idle: Duration) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send
 where
     S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
     E: std::error::Error + Send + 'static,
 {
-    futures::stream::unfold(Some(upstream), move |st| async move {
-        let mut s = st?;
-        match tokio::time::timeout(idle, s.next()).await {
-            Ok(Some(Ok(b))) => Some((Ok(b), Some(s))),
-            Ok(Some(Err(e))) => {
-                Some((Err(std::io::Error::other(format!("upstream broke: {}", error_chain(&e)))), None))
-            }
-            Ok(None) => None,
-            Err(_) => Some((
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("upstream silent for longer than the idle timeout of {idle:?}"),
-                )),
-                None,
-            )),
+    Forward { inner: upstream, idle, timer: None, armed: false, done: false, failed: None }
+}
+
+struct Forward<S> {
+    inner: S,
+    idle: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The timer counts from the last time data arrived.
+    armed: bool,
+    done: bool,
+    /// An error that came after data that was handed on first.
+    failed: Option<std::io::Error>,
+}
+
+impl<S, E> Stream for Forward<S>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::error::Error,
+{
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if let Some(e) = this.failed.take() {
+            this.done = true;
+            return Poll::Ready(Some(Err(e)));
         }
-    })
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let mut first: Option<Bytes> = None;
+        let mut more: Option<Vec<u8>> = None;
+        let mut len = 0;
+        while len < MAX_PIECE {
+            match Pin::new(&mut this.inner).poll_next(cx) {
+                Poll::Ready(Some(Ok(b))) => {
+                    if b.is_empty() {
+                        continue;
+                    }
+                    len += b.len();
+                    match (&first, &mut more) {
+                        (None, _) => first = Some(b),
+                        (Some(f), None) => {
+                            let mut m = Vec::with_capacity((2 * len).min(MAX_PIECE + b.len()));
+                            m.extend_from_slice(f);
+                            m.extend_from_slice(&b);
+                            more = Some(m);
+                        }
+                        (Some(_), Some(m)) => m.extend_from_slice(&b),
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    let e = std::io::Error::other(format!("upstream broke: {}", error_chain(&e)));
+                    if first.is_none() {
+                        this.done = true;
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                    this.failed = Some(e);
+                    break;
+                }
+                Poll::Ready(None) => {
+                    this.done = true;
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        if let Some(f) = first {
+            this.armed = false;
+            return Poll::Ready(Some(Ok(more.map_or(f, Bytes::from))));
+        }
+        if this.done {
+            return Poll::Ready(None);
+        }
+        // Nothing has arrived: the idle timeout runs.
+        if !this.armed {
+            // Read the clock only when the silence starts, not on every wake-up.
+            let deadline = tokio::time::Instant::now() + this.idle;
+            match &mut this.timer {
+                Some(t) => t.as_mut().reset(deadline),
+                None => this.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+            this.armed = true;
+        }
+        let Some(timer) = this.timer.as_mut() else { return Poll::Pending };
+        if timer.as_mut().poll(cx).is_ready() {
+            this.done = true;
+            let idle = this.idle;
+            return Poll::Ready(Some(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("upstream silent for longer than the idle timeout of {idle:?}"),
+            ))));
+        }
+        Poll::Pending
+    }
 }
 
 /// An error with its sources, one line ("connection refused" sits a few levels down in reqwest).
