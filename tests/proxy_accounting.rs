@@ -122,8 +122,17 @@ async fn disconnect_during_a_retry_releases_both_members() {
     .into_iter()
     .collect();
     proxy.apply_ratios("llm", &ratios).unwrap();
-    let tasks: Vec<_> = (0..4).map(|i| held(proxy.addr(), i % 2 == 0)).collect();
-    wait_counts(&proxy, (4, 0), "four requests held on the second member after a retry").await;
+    let mut tasks = Vec::new();
+    for i in 0..4u32 {
+        // One at a time, each after the refused member's (1 ms) ejection ended, so each one tries
+        // it first and is retried on the other.
+        wait::until(Duration::from_secs(5), "the refused member back in rotation", || async {
+            (!proxy.pools()[0].members[0].ejected).then_some(())
+        })
+        .await;
+        tasks.push(held(proxy.addr(), i % 2 == 0));
+        wait_counts(&proxy, (i + 1, 0), "the request held on the second member after a retry").await;
+    }
     let view = proxy.pools();
     assert_eq!(view[0].members[0].in_flight, 0, "the refused member was uncounted at the retry");
     let m = proxy.metrics_text();

@@ -154,16 +154,13 @@ async fn every_error_is_openai_shaped_with_its_status() {
     assert_eq!(r.json["error"]["code"], "method_not_allowed");
     assert_openai_error(&send(reqwest::Method::POST, url("/v1/models"), Some("{}".into())).await, 405);
     // 429: the pool is full and the queue has no room.
-    let busy = {
-        let a = a;
-        tokio::spawn(async move {
-            let _ = client()
-                .post(format!("http://{a}/v1/chat/completions"))
-                .body(r#"{"model":"m","messages":[{"role":"user","content":"hold"}]}"#)
-                .send()
-                .await;
-        })
-    };
+    let busy = tokio::spawn(async move {
+        let _ = client()
+            .post(format!("http://{a}/v1/chat/completions"))
+            .body(r#"{"model":"m","messages":[{"role":"user","content":"hold"}]}"#)
+            .send()
+            .await;
+    });
     llm_lc_testkit::wait::until(Duration::from_secs(5), "the pool to fill", || async {
         (in_flight_and_queued(&p).0 == 1).then_some(())
     })
