@@ -188,7 +188,11 @@ fn proxy_says(l: &config::Loaded, c: &Case) -> (String, String, Option<Vec<Strin
         Target::Pool { pool, split } => {
             let p = l.config.pools.iter().find(|p| &p.name == pool).unwrap();
             let models = split.map(|k| l.table.splits[k].models.iter().map(|(m, _)| m.clone()).collect());
-            (format!("pool {}", p.bigip_pool.clone().unwrap_or(pool.clone())), d.route(&l.table), models)
+            // Guard steps are pass-throughs in the iRule (`guard:match`), `guard:allow` in the proxy:
+            // compare the route after them.
+            let route = d.route(&l.table);
+            let route = route.split(',').filter(|h| !h.starts_with("guard:")).collect::<Vec<_>>().join(",");
+            (format!("pool {}", p.bigip_pool.clone().unwrap_or(pool.clone())), route, models)
         }
         Target::Reject { status, .. } => (format!("respond {status}"), String::new(), None),
         Target::Step(_) => unreachable!(),

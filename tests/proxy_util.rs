@@ -122,3 +122,97 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
         .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
         .sum()
 }
+
+/// A fake guard service on a free port. It reads the `text` the proxy sends and answers by what it
+/// contains: `please block` → block 451, `please route` → route to pool `route_pool`, `please hang`
+/// → no answer for 30 s, `please garble` → 200 with a body that is not JSON, `please fail` → 500;
+/// anything else → allow. Returns its URL and the number of calls so far.
+pub async fn fake_guard(route_pool: &str) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let (c, pool) = (calls.clone(), route_pool.to_string());
+    let app = axum::Router::new().route(
+        "/v1/guard",
+        axum::routing::post(move |axum::Json(ask): axum::Json<Value>| {
+            let (c, pool) = (c.clone(), pool.clone());
+            async move {
+                use axum::response::IntoResponse;
+                c.fetch_add(1, Ordering::SeqCst);
+                let text = ask["text"].as_str().unwrap_or("").to_string();
+                if text.contains("please hang") {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                if text.contains("please garble") {
+                    return "this is not JSON".into_response();
+                }
+                if text.contains("please fail") {
+                    return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "guard broke").into_response();
+                }
+                let v = if text.contains("please block") {
+                    serde_json::json!({"verdict": "block", "status": 451, "message": "the guard says no"})
+                } else if text.contains("please route") {
+                    serde_json::json!({"verdict": "route", "pool": pool})
+                } else {
+                    assert!(
+                        ask["request"].is_object() && ask["step"].is_string(),
+                        "the proxy sends the request: {ask}"
+                    );
+                    serde_json::json!({"verdict": "allow"})
+                };
+                axum::Json(v).into_response()
+            }
+        }),
+    );
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind guard");
+    let addr = l.local_addr().expect("guard addr");
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (format!("http://{addr}/v1/guard"), calls)
+}
+
+/// A model-server stand-in for accounting and protocol tests. A body containing `hold` gets no
+/// answer until the connection closes; `"stream":true` gets a short SSE stream; `chunked` gets a
+/// JSON answer sent chunked (no Content-Length); anything else a JSON answer with a length.
+pub async fn hold_backend() -> SocketAddr {
+    use axum::body::{Body, Bytes};
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(|body: String| async move {
+            if body.contains("hold") {
+                std::future::pending::<()>().await;
+            }
+            let answer = r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
+            if body.contains("\"stream\":true") {
+                let events = ["data: {\"n\":1}\n\n", "data: {\"n\":2}\n\n", "data: [DONE]\n\n"];
+                let s = futures::stream::iter(events.map(|e| Ok::<_, std::io::Error>(Bytes::from_static(e.as_bytes()))));
+                return axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(Body::from_stream(s))
+                    .expect("response");
+            }
+            if body.contains("chunked") {
+                let parts = [&answer[..10], &answer[10..]].map(|p| Ok::<_, std::io::Error>(Bytes::from(p.to_string())));
+                return axum::response::Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Body::from_stream(futures::stream::iter(parts)))
+                    .expect("response");
+            }
+            axum::response::Response::builder()
+                .header("content-type", "application/json")
+                .body(Body::from(answer))
+                .expect("response")
+        }),
+    );
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind backend");
+    let addr = l.local_addr().expect("backend addr");
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
+
+/// Sum of in-flight counts over a proxy's members, and its queued requests (live view).
+pub fn in_flight_and_queued(p: &ProxyHandle) -> (u32, usize) {
+    let pools = p.pools();
+    (
+        pools.iter().flat_map(|v| v.members.iter()).map(|m| m.in_flight).sum(),
+        pools.iter().map(|v| v.queued).sum(),
+    )
+}

@@ -45,11 +45,20 @@ pub fn router(shared: Arc<Shared>, token: Option<SecretRef>) -> Router {
         .route("/admin/ratios/{pool}", get(get_ratios))
         .route("/admin/state", get(state))
         .route("/healthz", get(|| async { "ok\n" }))
+        .fallback(|| async { err(StatusCode::NOT_FOUND, "no such admin endpoint") })
+        .method_not_allowed_fallback(super::server::method_not_allowed)
         .with_state(AdminState { shared, token })
 }
 
+/// Admin errors have the same OpenAI shape as the API's.
 fn err(status: StatusCode, msg: impl Into<String>) -> Response {
-    (status, Json(json!({"error": msg.into()}))).into_response()
+    let code = match status {
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::BAD_REQUEST => "invalid_body",
+        _ => "admin_error",
+    };
+    super::errors::ProxyApiError::new(status, code, msg).into_response()
 }
 
 /// Check `Authorization: Bearer ...` against the configured token (read at each request, so a

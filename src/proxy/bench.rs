@@ -1,12 +1,18 @@
 //! `proxy bench`: the proxy's overhead, measured side by side with real HAProxy in the same run.
 //!
-//! Starts a fast in-process backend answering small non-streaming chat completions, then the proxy
-//! (this binary, `proxy --config ...`, as its own process) and HAProxy (`$HAPROXY_BIN`,
-//! `/usr/sbin/haproxy` or `haproxy` on PATH) both forwarding to it, on free loopback ports with
-//! generated configs in a temp dir. One load generator sends the same requests, at the same
-//! concurrency, straight to the backend and through each proxy; added latency is the difference of
-//! the percentiles. Both proxies get two threads (tokio's default on this 2-core class of machine,
-//! HAProxy `nbthread 2`). Children are killed when the run ends.
+//! Starts a fast in-process backend answering streamed chat completions (`--tokens` SSE events of
+//! vLLM's shape, one write each with no delay between them), then the proxy (this binary, `proxy --config ...`, as its
+//! own process) and HAProxy (`$HAPROXY_BIN`, `/usr/sbin/haproxy` or `haproxy` on PATH) both
+//! forwarding to it, on free loopback ports with generated configs in a temp dir.
+//!
+//! Targets are interleaved, not run one after another: for each concurrency level the load
+//! generator sends small batches (`--batch` requests, at least four per concurrent slot) to
+//! direct, HAProxy and the proxy in turn, rotating which goes first each round, until each target
+//! has `--requests`. Machine noise (other processes, CPU frequency) then hits all three alike.
+//! Latency is the whole streamed response (send to last byte); the request rate of a target is its
+//! requests over the time its own batches took. Added latency is the difference of the
+//! percentiles with the direct path. Both proxies get two threads (tokio's default on this 2-core
+//! class of machine, HAProxy `nbthread 2`). Children are killed when the run ends.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,6 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use axum::body::{Body, Bytes};
 use axum::routing::post;
 use axum::Router;
 use clap::Args;
@@ -22,28 +29,47 @@ use futures::StreamExt;
 /// Arguments of `proxy bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Measured requests per target (after a warm-up of a tenth of that).
-    #[arg(long, default_value_t = 20000)]
+    /// Measured requests per target and concurrency level (after one warm-up round).
+    #[arg(long, default_value_t = 6000)]
     pub requests: usize,
-    /// Requests in flight at once.
-    #[arg(long, default_value_t = 16)]
-    pub concurrency: usize,
+    /// Concurrency levels (requests in flight at once), comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 16, 64])]
+    pub concurrency: Vec<usize>,
+    /// Streamed tokens (SSE events) per response.
+    #[arg(long, default_value_t = 200)]
+    pub tokens: usize,
+    /// Requests per target per round (raised to four per concurrent slot).
+    #[arg(long, default_value_t = 100)]
+    pub batch: usize,
     /// Also write the results as Markdown to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
-const BODY: &str = r#"{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}"#;
-const ANSWER: &str = r#"{"id":"cmpl-bench","object":"chat.completion","created":0,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+const BODY: &str =
+    r#"{"model":"bench","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":200}"#;
 
-/// Latency percentiles and throughput of one target.
+/// One SSE event in vLLM's chat-completion chunk shape.
+fn event(i: usize) -> String {
+    format!(
+        "data: {{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"bench\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
+    )
+}
+
+/// Latency percentiles and throughput of one target at one concurrency.
 #[derive(Debug, Clone)]
 pub struct Measured {
     pub name: &'static str,
+    pub concurrency: usize,
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub rps: f64,
     pub errors: usize,
+}
+
+/// Round `r` visits the targets starting from `r % n`, so none is always first or last.
+pub fn round_order(round: usize, n: usize) -> Vec<usize> {
+    (0..n).map(|k| (round + k) % n).collect()
 }
 
 struct Kill(Child);
@@ -108,29 +134,47 @@ fn haproxy_bin() -> PathBuf {
     }
 }
 
-async fn measure(
-    client: &reqwest::Client,
-    name: &'static str,
-    url: &str,
-    n: usize,
-    concurrency: usize,
-) -> Measured {
+/// Send `n` requests to `url` at `concurrency`; each request's latency (None when it failed) and
+/// the wall time of the batch.
+async fn batch(client: &reqwest::Client, url: &str, n: usize, concurrency: usize) -> (Vec<Option<f64>>, f64) {
+    const DONE: &[u8] = b"data: [DONE]\n\n";
     let started = Instant::now();
-    let results: Vec<Option<f64>> = futures::stream::iter(0..n)
+    let results: Vec<Result<f64, String>> = futures::stream::iter(0..n)
         .map(|_| async {
             let t = Instant::now();
             let r = client.post(url).header("content-type", "application/json").body(BODY).send().await;
-            match r {
-                Ok(resp) if resp.status().is_success() => {
-                    resp.bytes().await.ok().map(|_| t.elapsed().as_secs_f64())
+            let resp = match r {
+                Ok(resp) if resp.status().is_success() => resp,
+                Ok(resp) => return Err(format!("status {}", resp.status())),
+                Err(e) => return Err(super::upstream::error_chain(&e)),
+            };
+            let mut body = resp.bytes_stream();
+            // The last bytes seen, across chunk boundaries.
+            let mut tail: Vec<u8> = Vec::with_capacity(64);
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| super::upstream::error_chain(&e))?;
+                tail.extend_from_slice(&chunk);
+                if tail.len() > 32 {
+                    tail.drain(..tail.len() - 32);
                 }
-                _ => None,
+            }
+            // A stream cut short is an error, not a fast answer.
+            if tail.ends_with(DONE) {
+                Ok(t.elapsed().as_secs_f64())
+            } else {
+                Err("the stream ended without [DONE]".into())
             }
         })
         .buffer_unordered(concurrency.max(1))
         .collect()
         .await;
-    let wall = started.elapsed().as_secs_f64();
+    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+        eprintln!("{url}: {} of {n} failed, e.g.: {e}", results.iter().filter(|r| r.is_err()).count());
+    }
+    (results.into_iter().map(Result::ok).collect(), started.elapsed().as_secs_f64())
+}
+
+fn summarize(name: &'static str, concurrency: usize, results: &[Option<f64>], busy_s: f64) -> Measured {
     let mut ok: Vec<f64> = results.iter().flatten().copied().collect();
     ok.sort_by(|a, b| a.total_cmp(b));
     let pct = |q: f64| -> f64 {
@@ -140,20 +184,50 @@ async fn measure(
         let i = ((ok.len() as f64 - 1.0) * q).round() as usize;
         ok[i.min(ok.len() - 1)] * 1000.0
     };
-    Measured { name, p50_ms: pct(0.5), p99_ms: pct(0.99), rps: ok.len() as f64 / wall, errors: n - ok.len() }
+    Measured {
+        name,
+        concurrency,
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+        rps: ok.len() as f64 / busy_s.max(1e-9),
+        errors: results.len() - ok.len(),
+    }
 }
 
 /// Run the benchmark and print (and optionally write) the table.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let dir = TempDir::new()?;
+    anyhow::ensure!(
+        !args.concurrency.is_empty() && args.concurrency.iter().all(|&c| c > 0),
+        "--concurrency needs levels > 0"
+    );
 
-    // Backend: answers every chat completion with the same small body.
+    // Backend: every chat completion is `tokens` SSE events and [DONE], sent as fast as possible.
     let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let backend_addr: SocketAddr = backend.local_addr()?;
+    let events: Vec<Bytes> = (0..args.tokens)
+        .map(|i| Bytes::from(event(i)))
+        .chain(std::iter::once(Bytes::from_static(b"data: [DONE]\n\n")))
+        .collect();
     let app = Router::new().route(
         "/v1/chat/completions",
-        post(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], ANSWER) }),
+        post(move || {
+            let events = events.clone();
+            async move {
+                // One write per event, as a model server streams tokens (yielding between events
+                // makes hyper flush each one instead of batching the whole answer).
+                let s = futures::stream::iter(events).then(|e| async move {
+                    tokio::task::yield_now().await;
+                    Ok::<_, std::io::Error>(e)
+                });
+                ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(s))
+            }
+        }),
     );
+    // TCP_NODELAY like vLLM's uvicorn: without it Nagle and delayed ACKs add ~40 ms per stream.
+    let backend = axum::serve::ListenerExt::tap_io(backend, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let backend_task = tokio::spawn(async move {
         let _ = axum::serve(backend, app).await;
     });
@@ -203,23 +277,45 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     wait_port(hport, "HAProxy").await?;
 
-    let client =
-        reqwest::Client::builder().no_proxy().tcp_nodelay(true).pool_max_idle_per_host(1024).build()?;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(1024)
+        .timeout(Duration::from_secs(60))
+        .build()?;
     let targets: [(&'static str, String); 3] = [
         ("direct", format!("http://{backend_addr}/v1/chat/completions")),
         ("haproxy", format!("http://127.0.0.1:{hport}/v1/chat/completions")),
         ("llmlc-proxy", format!("http://127.0.0.1:{pport}/v1/chat/completions")),
     ];
-    let warm = (args.requests / 10).max(100);
-    for (name, url) in &targets {
-        let w = measure(&client, name, url, warm, args.concurrency).await;
-        if w.errors == warm {
-            anyhow::bail!("every warm-up request to {name} ({url}) failed");
-        }
-    }
     let mut results = Vec::new();
-    for (name, url) in &targets {
-        results.push(measure(&client, name, url, args.requests, args.concurrency).await);
+    for &c in &args.concurrency {
+        let size = args.batch.max(4 * c);
+        // Warm-up: one batch each (connections, caches), not measured.
+        for (name, url) in &targets {
+            let (w, _) = batch(&client, url, size, c).await;
+            if w.iter().all(Option::is_none) {
+                anyhow::bail!("every warm-up request to {name} ({url}) failed");
+            }
+        }
+        let mut lat: Vec<Vec<Option<f64>>> = vec![Vec::new(); targets.len()];
+        let mut busy = vec![0.0f64; targets.len()];
+        let mut round = 0;
+        while lat.iter().any(|l| l.len() < args.requests) {
+            for t in round_order(round, targets.len()) {
+                let n = size.min(args.requests - lat[t].len().min(args.requests));
+                if n == 0 {
+                    continue;
+                }
+                let (r, wall) = batch(&client, &targets[t].1, n, c).await;
+                lat[t].extend(r);
+                busy[t] += wall;
+            }
+            round += 1;
+        }
+        for (t, (name, _)) in targets.iter().enumerate() {
+            results.push(summarize(name, c, &lat[t], busy[t]));
+        }
     }
     drop(proxy);
     drop(haproxy);
@@ -233,24 +329,66 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The results as a Markdown table, with added latency against the direct path.
+/// The results as a Markdown table per concurrency level, with added latency against the direct
+/// path and the proxy's share of HAProxy's request rate.
 pub fn report(results: &[Measured], args: &BenchArgs) -> String {
-    let direct = results.iter().find(|m| m.name == "direct");
     let mut s = format!(
-        "Small non-streaming chat completions, {} requests per target, concurrency {}.\n\n| target | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | errors |\n|---|---|---|---|---|---|---|\n",
-        args.requests, args.concurrency
+        "Streamed chat completions of {} SSE events, {} requests per target and level, interleaved in batches of max({}, 4 x concurrency).\n",
+        args.tokens, args.requests, args.batch
     );
-    for m in results {
-        let (a50, a99) = match direct {
-            Some(d) if m.name != "direct" => {
-                (format!("{:.3}", m.p50_ms - d.p50_ms), format!("{:.3}", m.p99_ms - d.p99_ms))
-            }
-            _ => ("-".into(), "-".into()),
-        };
+    for &c in &args.concurrency {
+        let level: Vec<&Measured> = results.iter().filter(|m| m.concurrency == c).collect();
+        let direct = level.iter().find(|m| m.name == "direct");
+        let haproxy_rps = level.iter().find(|m| m.name == "haproxy").map(|m| m.rps);
         s.push_str(&format!(
-            "| {} | {:.3} | {:.3} | {a50} | {a99} | {:.0} | {} |\n",
-            m.name, m.p50_ms, m.p99_ms, m.rps, m.errors
+            "\nConcurrency {c}:\n\n| target | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | vs HAProxy req/s | errors |\n|---|---|---|---|---|---|---|---|\n"
         ));
+        for m in &level {
+            let (a50, a99) = match direct {
+                Some(d) if m.name != "direct" => {
+                    (format!("{:.3}", m.p50_ms - d.p50_ms), format!("{:.3}", m.p99_ms - d.p99_ms))
+                }
+                _ => ("-".into(), "-".into()),
+            };
+            let share = match haproxy_rps {
+                Some(h) if m.name != "direct" && h > 0.0 => format!("{:.0}%", 100.0 * m.rps / h),
+                _ => "-".into(),
+            };
+            s.push_str(&format!(
+                "| {} | {:.3} | {:.3} | {a50} | {a99} | {:.0} | {share} | {} |\n",
+                m.name, m.p50_ms, m.p99_ms, m.rps, m.errors
+            ));
+        }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_rotate_the_first_target() {
+        assert_eq!(round_order(0, 3), vec![0, 1, 2]);
+        assert_eq!(round_order(1, 3), vec![1, 2, 0]);
+        assert_eq!(round_order(5, 3), vec![2, 0, 1]);
+    }
+
+    #[test]
+    fn report_has_one_table_per_level_with_added_latency_and_rate_share() {
+        let m =
+            |name, c, p99, rps| Measured { name, concurrency: c, p50_ms: 1.0, p99_ms: p99, rps, errors: 0 };
+        let args = BenchArgs { requests: 10, concurrency: vec![1, 16], tokens: 200, batch: 100, out: None };
+        let r = report(
+            &[
+                m("direct", 1, 2.0, 100.0),
+                m("haproxy", 1, 2.5, 80.0),
+                m("llmlc-proxy", 1, 2.75, 60.0),
+                m("direct", 16, 3.0, 1.0),
+            ],
+            &args,
+        );
+        assert!(r.contains("Concurrency 1:") && r.contains("Concurrency 16:"), "{r}");
+        assert!(r.contains("| llmlc-proxy | 1.000 | 2.750 | 0.000 | 0.750 | 60 | 75% | 0 |"), "{r}");
+    }
 }

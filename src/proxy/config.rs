@@ -91,11 +91,16 @@ pub struct Limits {
     /// Larger request bodies get 413.
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: usize,
+    /// Client connections served at once (per listener); the next one gets a 503 JSON error and
+    /// is closed. Keep it below the process's file-descriptor limit (`ulimit -n`) minus the
+    /// upstream connections.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_body_bytes: defaults::max_body_bytes() }
+        Limits { max_body_bytes: defaults::max_body_bytes(), max_connections: defaults::max_connections() }
     }
 }
 
@@ -113,11 +118,24 @@ pub struct Timeouts {
     /// Longest silence between two chunks of a response body.
     #[serde(default = "defaults::idle", with = "humantime_serde")]
     pub idle: Duration,
+    /// A new client connection must complete its first request head within this (slowloris).
+    #[serde(default = "defaults::header_read", with = "humantime_serde")]
+    pub header_read: Duration,
+    /// A kept-alive client connection with no request in progress is closed after this (it also
+    /// bounds how long the head of a next request may take).
+    #[serde(default = "defaults::keep_alive_idle", with = "humantime_serde")]
+    pub keep_alive_idle: Duration,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts { connect: defaults::connect(), first_byte: defaults::first_byte(), idle: defaults::idle() }
+        Timeouts {
+            connect: defaults::connect(),
+            first_byte: defaults::first_byte(),
+            idle: defaults::idle(),
+            header_read: defaults::header_read(),
+            keep_alive_idle: defaults::keep_alive_idle(),
+        }
     }
 }
 
@@ -195,6 +213,15 @@ mod defaults {
     }
     pub fn max_body_bytes() -> usize {
         4 << 20
+    }
+    pub fn max_connections() -> usize {
+        4096
+    }
+    pub fn header_read() -> Duration {
+        Duration::from_secs(10)
+    }
+    pub fn keep_alive_idle() -> Duration {
+        Duration::from_secs(30)
     }
     pub fn connect() -> Duration {
         Duration::from_secs(2)
@@ -307,10 +334,15 @@ impl ProxyConfig {
         if self.limits.max_body_bytes == 0 {
             err("limits.max_body_bytes".into(), "must be > 0".into());
         }
+        if self.limits.max_connections == 0 {
+            err("limits.max_connections".into(), "must be > 0".into());
+        }
         for (name, d) in [
             ("connect", self.timeouts.connect),
             ("first_byte", self.timeouts.first_byte),
             ("idle", self.timeouts.idle),
+            ("header_read", self.timeouts.header_read),
+            ("keep_alive_idle", self.timeouts.keep_alive_idle),
         ] {
             if d.is_zero() {
                 err(format!("timeouts.{name}"), "must be > 0".into());

@@ -208,15 +208,15 @@ impl Admission {
             (id, rx)
         };
         let (id, mut rx) = rx;
+        // Leaves the queue on every exit, including this future being dropped (the client went
+        // away while waiting): a waiter that is gone must not hold a queue place.
+        let mut place = QueuePlace { inner: &self.inner, id, left: false };
         match tokio::time::timeout(timeout, &mut rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(Refusal::QueueTimeout),
             Err(_) => {
-                let mut st = lock(&self.inner);
-                st.critical.retain(|w| w.id != id);
-                st.standard.retain(|w| w.id != id);
-                drop(st);
-                // A permit may have been handed over between the timeout and the removal: take it
+                place.leave();
+                // A permit may have been handed over between the timeout and leaving: take it
                 // (better than wasting it) instead of dropping it.
                 match rx.try_recv() {
                     Ok(r) => r,
@@ -224,6 +224,33 @@ impl Admission {
                 }
             }
         }
+    }
+}
+
+/// A waiter's place in the queue, removed when it is dropped. If the waiter is already gone from
+/// the queue (handed a permit or displaced), removing it is a no-op; a permit sent to a waiter that
+/// then went away is dropped with its channel, which hands the slot on.
+struct QueuePlace<'a> {
+    inner: &'a Arc<Inner>,
+    id: u64,
+    left: bool,
+}
+
+impl QueuePlace<'_> {
+    fn leave(&mut self) {
+        if !self.left {
+            self.left = true;
+            let mut st = lock(self.inner);
+            let id = self.id;
+            st.critical.retain(|w| w.id != id);
+            st.standard.retain(|w| w.id != id);
+        }
+    }
+}
+
+impl Drop for QueuePlace<'_> {
+    fn drop(&mut self) {
+        self.leave();
     }
 }
 
@@ -297,6 +324,29 @@ mod tests {
         assert_eq!(a.queued(), 0);
         drop(p);
         assert_eq!(a.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_goes_away_leaves_the_queue_and_its_slot_passes_on() {
+        let a = Admission::new(Some(1), 1);
+        let busy = a.admit(Criticality::Standard, false, T).await.unwrap();
+        let a2 = a.clone();
+        let gone = tokio::spawn(async move { a2.admit(Criticality::Standard, false, T).await.is_ok() });
+        while a.queued() < 1 {
+            tokio::task::yield_now().await;
+        }
+        gone.abort();
+        let _ = gone.await;
+        assert_eq!(a.queued(), 0, "an abandoned waiter must not keep its queue place");
+        // The queue (size 1) has room again, and the slot goes to the next live waiter.
+        let a3 = a.clone();
+        let next = tokio::spawn(async move { a3.admit(Criticality::Standard, false, T).await.is_ok() });
+        while a.queued() < 1 {
+            tokio::task::yield_now().await;
+        }
+        drop(busy);
+        assert!(next.await.unwrap());
+        assert_eq!((a.in_flight(), a.queued()), (0, 0));
     }
 
     #[test]

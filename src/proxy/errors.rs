@@ -1,6 +1,6 @@
 //! Errors the proxy answers itself, in OpenAI's shape (`{"error": {"message", "type", "param",
-//! "code"}}`) so OpenAI client libraries show the message. Upstream errors are not wrapped: they are
-//! passed through as the model server wrote them.
+//! "code"}}`) so OpenAI client libraries show the message; every one has a `Content-Length`.
+//! Upstream errors are passed through as the model server wrote them.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -11,7 +11,7 @@ pub struct ProxyApiError {
     pub status: StatusCode,
     pub message: String,
     pub code: &'static str,
-    pub param: Option<&'static str>,
+    pub param: Option<String>,
     /// Seconds, for 429/503.
     pub retry_after: Option<u32>,
 }
@@ -21,7 +21,7 @@ impl ProxyApiError {
         ProxyApiError { status, message: message.into(), code, param: None, retry_after: None }
     }
 
-    pub fn bad_json(e: &serde_json::Error) -> Self {
+    pub fn bad_json(e: &dyn std::fmt::Display) -> Self {
         Self::new(
             StatusCode::BAD_REQUEST,
             "invalid_json",
@@ -45,8 +45,27 @@ impl ProxyApiError {
             "model_not_found",
             format!("The model `{model}` does not exist in pool {pool}; GET /v1/models lists the models served here."),
         );
-        e.param = Some("model");
+        e.param = Some("model".into());
         e
+    }
+
+    /// A key that appears twice in one JSON object of the body.
+    pub fn duplicate_key(key: &str, at: &str) -> Self {
+        let mut e = Self::new(
+            StatusCode::BAD_REQUEST,
+            "duplicate_key",
+            format!("the JSON body has the key {key:?} more than once ({at}); send each key once, so that every reader of the request sees the same value"),
+        );
+        e.param = Some(key.to_string());
+        e
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "this endpoint does not take that method (the completions endpoints take POST; /v1/models, /health and /metrics take GET)",
+        )
     }
 
     pub fn with_retry_after(mut self, s: u32) -> Self {

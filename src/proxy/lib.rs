@@ -11,13 +11,20 @@
 //! In-process use (the demo): [`start`] with a [`ProxyConfig`] and two bound listeners returns a
 //! [`ProxyHandle`] with the bound addresses, a live view of weights and in-flight counts, and
 //! [`ProxyHandle::shutdown`].
+//!
+//! Both listeners are served by [`listen`] (connection cap, header and keep-alive timeouts);
+//! [`guard`] adds guard steps (deny rules, an external guard service) to the routing table;
+//! [`body`] parses request bodies strictly (duplicate keys refused).
 
 pub mod admin;
 pub mod bench;
 pub mod bigip;
+pub mod body;
 pub mod config;
 pub mod criticality;
 pub mod errors;
+pub mod guard;
+pub mod listen;
 pub mod metrics;
 pub mod pool;
 pub mod route;
@@ -188,22 +195,21 @@ pub async fn start_loaded(
     }
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();
+    let limits = listen::ConnLimits {
+        max: cfg.limits.max_connections,
+        header_read: cfg.timeouts.header_read,
+        keep_alive_idle: cfg.timeouts.keep_alive_idle,
+    };
     let app = server::router(shared.clone());
-    let s1 = stop.clone();
-    tasks.push(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(s1.cancelled_owned()).await {
-            tracing::error!(error = %e, "proxy listener stopped");
-        }
-    }));
+    tasks.push(tokio::spawn(listen::serve(listener, app, limits, shared.metrics.conn("api"), stop.clone())));
     let admin_app = admin::router(shared.clone(), cfg.admin.bearer_token.clone());
-    let s2 = stop.clone();
-    tasks.push(tokio::spawn(async move {
-        if let Err(e) =
-            axum::serve(admin_listener, admin_app).with_graceful_shutdown(s2.cancelled_owned()).await
-        {
-            tracing::error!(error = %e, "admin listener stopped");
-        }
-    }));
+    tasks.push(tokio::spawn(listen::serve(
+        admin_listener,
+        admin_app,
+        limits,
+        shared.metrics.conn("admin"),
+        stop.clone(),
+    )));
     if let Some(poll) = cfg.ratios.poll.clone() {
         let client = shared.upstream.client().clone();
         tasks.push(tokio::spawn(admin::poll_ratios(shared.clone(), client, poll, stop.clone())));
@@ -225,6 +231,9 @@ pub async fn run(args: ProxyArgs, shutdown: impl std::future::Future<Output = ()
         }
         (Some(ProxyCommand::ExportBigip { config, format, name }), _) => {
             let l = config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+            for w in bigip::guard_warnings(&l.table) {
+                eprintln!("warning: {w}");
+            }
             match format {
                 ExportFormat::Tmsh => out(&bigip::tmsh(&l.table, &l.config, &name)),
                 ExportFormat::Rest => {
@@ -280,6 +289,14 @@ pub fn describe(l: &Loaded) -> String {
     }
     for (i, st) in l.table.steps.iter().enumerate() {
         let start = if i == l.table.start { " (start)" } else { "" };
+        if let Some(g) = st.describe_guard() {
+            s.push_str(&format!(
+                "step {}{start}: guard {g} ? allow: {} : block\n",
+                st.id,
+                l.table.describe_target(&st.on_match)
+            ));
+            continue;
+        }
         let value = st.value.as_ref().map(|v| format!(" {v}")).unwrap_or_default();
         s.push_str(&format!(
             "step {}{start}: {} {}{value} ? {} : {}\n",
@@ -339,8 +356,10 @@ mod tests {
         assert!(matches!(a.command, Some(ProxyCommand::Explain { headers, .. }) if headers == ["x-a: 1"]));
         let a = parse(&["export-bigip", "--config", "p.yaml", "--format", "rest"]).unwrap();
         assert!(matches!(a.command, Some(ProxyCommand::ExportBigip { format: ExportFormat::Rest, .. })));
-        let a = parse(&["bench", "--requests", "10", "--concurrency", "2"]).unwrap();
-        assert!(matches!(a.command, Some(ProxyCommand::Bench(b)) if b.requests == 10 && b.concurrency == 2));
+        let a = parse(&["bench", "--requests", "10", "--concurrency", "1,16,64"]).unwrap();
+        assert!(
+            matches!(a.command, Some(ProxyCommand::Bench(b)) if b.requests == 10 && b.concurrency == [1, 16, 64])
+        );
         assert!(parse(&["--config", "p.yaml", "explain", "-c", "p.yaml", "--body", "b"]).is_err());
     }
 

@@ -1,6 +1,8 @@
 //! The proxy's `/metrics`: requests by pool, member and status; route decisions by step; TTFT and
 //! duration as the proxy sees them; in-flight and queued requests; admissions and refusals by
-//! criticality; member weights. Names start with `llmlc_proxy_`.
+//! criticality; member weights; guard verdicts; client connections open, refused and timed out.
+//! Names start with `llmlc_proxy_`. The per-request paths hold cloned handles of their series
+//! (see `server::Shared`), so a request does not build label sets and hash them.
 
 use std::sync::atomic::AtomicU64;
 
@@ -12,7 +14,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 type Labels = Vec<(String, String)>;
-type FCounter = Family<Labels, Counter>;
+pub type FCounter = Family<Labels, Counter>;
 type FGauge = Family<Labels, Gauge<i64, std::sync::atomic::AtomicI64>>;
 type FFGauge = Family<Labels, Gauge<f64, AtomicU64>>;
 type FHist = Family<Labels, Histogram, fn() -> Histogram>;
@@ -31,6 +33,10 @@ pub struct ProxyMetrics {
     pub in_flight: FGauge,
     pub queued: FGauge,
     pub weight: FFGauge,
+    pub guard: FCounter,
+    pub connections: FGauge,
+    pub connections_refused: FCounter,
+    pub connections_timed_out: FCounter,
 }
 
 fn latency_hist() -> Histogram {
@@ -104,8 +110,33 @@ impl ProxyMetrics {
             "Stage-2 weight in force, by pool and member",
             weight.clone(),
         );
+        let guard = c(
+            &mut r,
+            "llmlc_proxy_guard_verdicts",
+            "Guard step outcomes, by step and outcome (allow, block, route, deny-rule, error-allow, error-block)",
+        );
+        let connections = FGauge::default();
+        r.register(
+            "llmlc_proxy_connections",
+            "Client connections open, by listener (api/admin)",
+            connections.clone(),
+        );
+        let connections_refused = c(
+            &mut r,
+            "llmlc_proxy_connections_refused",
+            "Client connections refused at limits.max_connections (answered 503), by listener",
+        );
+        let connections_timed_out = c(
+            &mut r,
+            "llmlc_proxy_connections_timed_out",
+            "Client connections closed for not sending a request head in time (timeouts.header_read / keep_alive_idle), by listener",
+        );
         ProxyMetrics {
             registry: r,
+            guard,
+            connections,
+            connections_refused,
+            connections_timed_out,
             requests,
             route_steps,
             route_results,
@@ -118,6 +149,16 @@ impl ProxyMetrics {
             in_flight,
             queued,
             weight,
+        }
+    }
+
+    /// Handles of one listener's connection series.
+    pub fn conn(&self, listener: &str) -> super::listen::ConnMetrics {
+        let l = labels(&[("listener", listener)]);
+        super::listen::ConnMetrics {
+            open: self.connections.get_or_create(&l).clone(),
+            refused: self.connections_refused.get_or_create(&l).clone(),
+            timed_out: self.connections_timed_out.get_or_create(&l).clone(),
         }
     }
 

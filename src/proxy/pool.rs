@@ -5,9 +5,10 @@
 //! ratios arrive; members the ratios do not name get the mean of those they do), passive health
 //! (a member that refused a connection is skipped for a while), and a snapshot for live views.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use axum::http::Uri;
 use llm_lc_adapters::{MemberId, Ratios};
 use serde::Serialize;
 
@@ -15,6 +16,7 @@ use llm_lc_balance::{Algorithm, Picker};
 
 use super::config::PoolConfig;
 use super::criticality::Admission;
+use super::upstream::member_uri;
 
 /// Where a pool's current weights came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -43,6 +45,9 @@ pub struct Pool {
     pub members: Vec<MemberId>,
     /// `http://host:port` per member.
     pub bases: Vec<String>,
+    /// Pre-built request URIs per member: `/v1/chat/completions` and `/v1/completions`.
+    pub chat_uris: Vec<Uri>,
+    pub completion_uris: Vec<Uri>,
     pub models: Vec<String>,
     pub admission: Admission,
     pub queue_timeout: Duration,
@@ -89,8 +94,12 @@ pub struct PoolView {
 }
 
 impl Pool {
-    pub fn new(cfg: &PoolConfig, default_algo: Algorithm, seed: u64) -> Pool {
+    pub fn new(cfg: &PoolConfig, default_algo: Algorithm, seed: u64) -> Result<Pool, String> {
         let n = cfg.members.len();
+        let uris =
+            |path: &str| cfg.members.iter().map(|m| member_uri(m, path)).collect::<Result<Vec<_>, _>>();
+        let chat_uris = uris("/v1/chat/completions")?;
+        let completion_uris = uris("/v1/completions")?;
         let capacity = cfg.max_in_flight_per_member.map(|m| m as usize * n);
         let bases = cfg
             .members
@@ -102,10 +111,12 @@ impl Pool {
                 None => format!("http://{m}"),
             })
             .collect();
-        Pool {
+        Ok(Pool {
             name: cfg.name.clone(),
             members: cfg.members.clone(),
             bases,
+            chat_uris,
+            completion_uris,
             models: cfg.models.clone(),
             admission: Admission::new(capacity, cfg.queue_size),
             queue_timeout: cfg.queue_timeout,
@@ -118,7 +129,7 @@ impl Pool {
                 updated_unix: None,
                 saturation: None,
             }),
-        }
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -140,6 +151,12 @@ impl Pool {
             .or_else(|| st.picker.pick(|i| !tried.contains(&i)))?;
         st.picker.started(i);
         Some(i)
+    }
+
+    /// [`Pool::pick`] with the count held by a guard: dropping the guard (on any exit, the request's
+    /// future dropped by a client that went away included) takes the count back.
+    pub fn pick_counted(self: &Arc<Self>, tried: &[usize]) -> Option<Picked> {
+        self.pick(tried).map(|member| Picked { pool: self.clone(), member })
     }
 
     /// The request on member `i` ended.
@@ -234,6 +251,18 @@ impl Pool {
     }
 }
 
+/// One request counted in flight on a member; dropping it uncounts it, exactly once.
+pub struct Picked {
+    pool: Arc<Pool>,
+    pub member: usize,
+}
+
+impl Drop for Picked {
+    fn drop(&mut self) {
+        self.pool.finish(self.member);
+    }
+}
+
 fn unix_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
@@ -246,7 +275,7 @@ mod tests {
         let cfg: PoolConfig =
             serde_yaml_ng::from_str("name: p\nmembers: ['10.0.0.1:80', '10.0.0.2:80', '10.0.0.3:80']\n")
                 .unwrap();
-        Pool::new(&cfg, algo, 1)
+        Pool::new(&cfg, algo, 1).unwrap()
     }
 
     #[test]
@@ -265,6 +294,18 @@ mod tests {
         assert_eq!(a.unknown_members, vec![MemberId::from("9.9.9.9:1")]);
         assert_eq!(a.defaulted_members, vec![MemberId::from("10.0.0.3:80")]);
         assert_eq!(p.view().weights_from, WeightSource::Webhook);
+    }
+
+    #[test]
+    fn a_dropped_pick_is_uncounted_once() {
+        let p = Arc::new(pool(Algorithm::RoundRobin));
+        let a = p.pick_counted(&[]).unwrap();
+        let b = p.pick_counted(&[]).unwrap();
+        assert_eq!(p.view().members.iter().map(|m| m.in_flight).sum::<u32>(), 2);
+        drop(a);
+        assert_eq!(p.view().members.iter().map(|m| m.in_flight).sum::<u32>(), 1);
+        drop(b);
+        assert!(p.view().members.iter().all(|m| m.in_flight == 0));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Stage 1: the routing table. A list of steps, each looking at one element of the request (a path
 //! into the JSON body, or a header), comparing it, and going to another step, a pool, or a rejection
 //! on match and on miss — the same shape as a BIG-IP data group walked by an iRule, so one table
-//! drives both (see [`super::bigip`]).
+//! drives both (see [`super::bigip`]). A step can also be a guard ([`super::guard`]): deny rules
+//! and an external guard service decide allow (go on at `match`), block, or route elsewhere.
 //!
 //! [`RouteTable::compile`] validates once at load (unknown step ids, cycles, unreachable steps,
 //! targets that go nowhere, bad regexes, empty path segments) and reports every problem naming the
@@ -15,6 +16,8 @@ use axum::http::HeaderMap;
 use regex::Regex;
 use serde::Deserialize;
 use serde_json::Value;
+
+use super::guard::{Guard, GuardConfig, Outcome, Verdict};
 
 /// Most steps a table may have: keeps evaluation cost and BIG-IP data-group size bounded.
 pub const MAX_STEPS: usize = 256;
@@ -43,13 +46,19 @@ pub struct StepConfig {
     /// A request header name instead of a body field.
     #[serde(default)]
     pub header: Option<String>,
-    pub op: Op,
+    /// Required for a comparison step; a guard step has none.
+    #[serde(default)]
+    pub op: Option<Op>,
     /// What to compare with: a string, number or boolean; a list for `one-of`; omitted for `exists`.
     #[serde(default)]
     pub value: Option<Value>,
+    /// A guard step instead of a comparison: `match` is where allowed requests go; there is no
+    /// `miss` (a blocked request is answered with the guard's status).
+    #[serde(default)]
+    pub guard: Option<GuardConfig>,
     #[serde(rename = "match")]
     pub on_match: TargetConfig,
-    #[serde(rename = "miss")]
+    #[serde(rename = "miss", default)]
     pub on_miss: TargetConfig,
 }
 
@@ -102,6 +111,16 @@ pub struct TargetConfig {
     pub message: Option<String>,
 }
 
+impl TargetConfig {
+    fn is_set(&self) -> bool {
+        self.step.is_some()
+            || self.pool.is_some()
+            || self.reject.is_some()
+            || self.model_split.is_some()
+            || self.message.is_some()
+    }
+}
+
 // ---------------------------------------------------------------- compiled table
 
 /// One segment of a body path.
@@ -114,8 +133,13 @@ pub enum Seg {
 /// What a step looks at.
 #[derive(Debug, Clone)]
 pub enum Source {
-    Field { path: String, segs: Vec<Seg> },
+    Field {
+        path: String,
+        segs: Vec<Seg>,
+    },
     Header(String),
+    /// A guard step: the whole request, judged by [`Step::guard`].
+    Guard,
 }
 
 impl Source {
@@ -123,6 +147,7 @@ impl Source {
         match self {
             Source::Field { path, .. } => path.clone(),
             Source::Header(h) => format!("header {h}"),
+            Source::Guard => "guard".into(),
         }
     }
 }
@@ -166,6 +191,24 @@ pub struct Step {
     pub value: Option<Value>,
     pub on_match: Target,
     pub on_miss: Target,
+    /// Set for a guard step (then `source` is [`Source::Guard`] and `on_miss` stands for a block).
+    pub guard: Option<Box<Guard>>,
+}
+
+impl Step {
+    /// A human description of a guard step's checks.
+    pub fn describe_guard(&self) -> Option<String> {
+        let g = self.guard.as_ref()?;
+        let mut parts = Vec::new();
+        if !g.deny.is_empty() {
+            parts.push(format!("{} deny rule(s)", g.deny.len()));
+        }
+        if let Some(u) = &g.url {
+            let on_error = if g.on_error == super::guard::OnError::Allow { "allow" } else { "block" };
+            parts.push(format!("service {u} (timeout {:?}, on error {on_error})", g.timeout));
+        }
+        Some(parts.join(", then "))
+    }
 }
 
 /// A validated routing table.
@@ -183,6 +226,9 @@ pub struct Hop {
     /// What the element held (`None` when it is missing), rendered as JSON.
     pub seen: Option<String>,
     pub matched: bool,
+    /// For a guard step: its outcome (`allow`, `block`, `route`, `deny-rule`, `error-allow`,
+    /// `error-block`), shown in the route instead of match/miss.
+    pub outcome: Option<&'static str>,
 }
 
 /// The outcome of evaluating a table on one request.
@@ -190,6 +236,15 @@ pub struct Hop {
 pub struct Decision {
     pub hops: Vec<Hop>,
     pub target: Target,
+    /// The error code of a rejection by a guard (`blocked_by_guard`, `guard_unavailable`).
+    pub code: Option<&'static str>,
+}
+
+/// Where a walk through the table stopped: at a decision, or at a guard step that needs asking.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Walk {
+    Done(Decision),
+    Guard { hops: Vec<Hop>, step: usize },
 }
 
 impl Decision {
@@ -201,7 +256,8 @@ impl Decision {
                 s.push(',');
             }
             s.push_str(&table.steps[h.step].id);
-            s.push_str(if h.matched { ":match" } else { ":miss" });
+            s.push(':');
+            s.push_str(h.outcome.unwrap_or(if h.matched { "match" } else { "miss" }));
         }
         s
     }
@@ -259,6 +315,57 @@ impl RouteTable {
         let mut steps = Vec::with_capacity(cfg.steps.len());
         for (i, s) in cfg.steps.iter().enumerate() {
             let at = format!("routes.steps[{i}] (step {:?})", s.id);
+            if let Some(g) = &s.guard {
+                if s.field.is_some() || s.header.is_some() || s.op.is_some() || s.value.is_some() {
+                    errs.push((
+                        at.clone(),
+                        "a guard step takes no `field`, `header`, `op` or `value`".into(),
+                    ));
+                }
+                if s.on_miss.is_set() {
+                    errs.push((
+                        format!("{at}.miss"),
+                        "a guard step has no `miss`: a blocked request gets the guard's status; `match` is where allowed requests go".into(),
+                    ));
+                }
+                let guard = match Guard::compile(g, &format!("{at}.guard"), &index, pools) {
+                    Ok(g) => Some(Box::new(g)),
+                    Err(e) => {
+                        errs.extend(e);
+                        None
+                    }
+                };
+                let on_match = match compile_target(&s.on_match, &index, pools) {
+                    Ok((t, None)) => t,
+                    Ok((_, Some(_))) => {
+                        errs.push((
+                            format!("{at}.match"),
+                            "a guard step's `match` cannot carry a model_split; point it at a step that does"
+                                .into(),
+                        ));
+                        Target::Reject { status: 500, message: String::new() }
+                    }
+                    Err(e) => {
+                        errs.push((format!("{at}.match"), e));
+                        Target::Reject { status: 500, message: String::new() }
+                    }
+                };
+                steps.push(Step {
+                    id: s.id.clone(),
+                    source: Source::Guard,
+                    op: Op::Exists,
+                    cond: Cond::Exists,
+                    value: None,
+                    on_match,
+                    on_miss: Target::Reject { status: 403, message: "blocked by the guard".into() },
+                    guard,
+                });
+                continue;
+            }
+            let op = s.op.unwrap_or_else(|| {
+                errs.push((format!("{at}.op"), "missing: give `op` (or make this a `guard` step)".into()));
+                Op::Exists
+            });
             let source = match (&s.field, &s.header) {
                 (Some(f), None) => match parse_path(f) {
                     Ok(segs) => Source::Field { path: f.clone(), segs },
@@ -278,7 +385,7 @@ impl RouteTable {
                     Source::Header(String::new())
                 }
             };
-            let cond = match compile_cond(s.op, s.value.as_ref()) {
+            let cond = match compile_cond(op, s.value.as_ref()) {
                 Ok(c) => c,
                 Err(e) => {
                     errs.push((format!("{at}.value"), e));
@@ -305,11 +412,12 @@ impl RouteTable {
             steps.push(Step {
                 id: s.id.clone(),
                 source,
-                op: s.op,
+                op,
                 cond,
                 value: s.value.clone(),
                 on_match,
                 on_miss,
+                guard: None,
             });
         }
         // Cycles and reachability, on the resolved graph (a target that failed to resolve counts as
@@ -344,44 +452,193 @@ impl RouteTable {
         }
     }
 
-    /// Walk the table for one request. Never panics; at most `steps.len()` hops.
-    pub fn evaluate(&self, body: &Value, headers: &HeaderMap) -> Decision {
-        let mut hops = Vec::new();
-        let mut cur = self.start;
+    /// Walk the table from step `from` until a decision or a guard step. Never panics; at most
+    /// `steps.len()` hops in all.
+    pub fn walk(&self, from: usize, mut hops: Vec<Hop>, body: &Value, headers: &HeaderMap) -> Walk {
+        let mut cur = from;
         // The table is acyclic (checked at compile), so this bound is never hit; it is kept as a
         // guarantee that evaluation ends even if that check had a bug.
-        for _ in 0..=self.steps.len() {
+        while hops.len() <= self.steps.len() {
             let Some(step) = self.steps.get(cur) else { break };
             let element: Option<Value> = match &step.source {
+                Source::Guard => return Walk::Guard { hops, step: cur },
                 Source::Field { segs, .. } => lookup(body, segs).cloned(),
                 Source::Header(h) => headers
                     .get(h.as_str())
                     .map(|v| Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned())),
             };
             let matched = element.as_ref().is_some_and(|v| step.cond.test(v));
-            hops.push(Hop { step: cur, seen: element.as_ref().map(render_short), matched });
+            hops.push(Hop { step: cur, seen: element.as_ref().map(render_short), matched, outcome: None });
             let next = if matched { &step.on_match } else { &step.on_miss };
             match next {
                 Target::Step(n) => cur = *n,
-                t => return Decision { hops, target: t.clone() },
+                t => return Walk::Done(Decision { hops, target: t.clone(), code: None }),
             }
         }
+        Walk::Done(Self::unending(hops))
+    }
+
+    fn unending(hops: Vec<Hop>) -> Decision {
         Decision {
             hops,
             target: Target::Reject {
                 status: 500,
                 message: "routing table did not end (a bug; report it)".into(),
             },
+            code: None,
         }
+    }
+
+    /// Record a guard step's outcome: the hop, and where the request goes next.
+    pub fn after_guard(
+        &self,
+        step: usize,
+        mut hops: Vec<Hop>,
+        o: &Outcome,
+    ) -> Result<Decision, (usize, Vec<Hop>)> {
+        let s = &self.steps[step];
+        hops.push(Hop {
+            step,
+            seen: Some(o.note.clone()),
+            matched: o.verdict == Verdict::Allow,
+            outcome: Some(o.kind),
+        });
+        let (target, code) = match &o.verdict {
+            Verdict::Allow => (s.on_match.clone(), None),
+            Verdict::Block { status, message, code } => {
+                (Target::Reject { status: *status, message: message.clone() }, Some(*code))
+            }
+            Verdict::RouteStep(n) => (Target::Step(*n), None),
+            Verdict::RoutePool(p) => (Target::Pool { pool: p.clone(), split: None }, None),
+        };
+        match target {
+            Target::Step(n) if hops.len() <= self.steps.len() => Err((n, hops)),
+            Target::Step(_) => Ok(Self::unending(hops)),
+            target => Ok(Decision { hops, target, code }),
+        }
+    }
+
+    /// Walk the table for one request, answering guard steps with `guard` (synchronously).
+    pub fn evaluate_with(
+        &self,
+        body: &Value,
+        headers: &HeaderMap,
+        mut guard: impl FnMut(usize, &Guard) -> Outcome,
+    ) -> Decision {
+        let (mut cur, mut hops) = (self.start, Vec::new());
+        loop {
+            match self.walk(cur, hops, body, headers) {
+                Walk::Done(d) => return d,
+                Walk::Guard { hops: h, step } => {
+                    let Some(g) = self.steps[step].guard.as_deref() else { return Self::unending(h) };
+                    let o = guard(step, g);
+                    match self.after_guard(step, h, &o) {
+                        Ok(d) => return d,
+                        Err((n, h)) => (cur, hops) = (n, h),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Walk the table for one request without any network: a guard step applies its deny rules and
+    /// otherwise lets the request through, noting that its service was not asked (`explain`, the
+    /// BIG-IP comparison).
+    pub fn evaluate(&self, body: &Value, headers: &HeaderMap) -> Decision {
+        self.evaluate_with(body, headers, |_, g| {
+            g.check_rules(body).unwrap_or_else(|| Outcome {
+                verdict: Verdict::Allow,
+                kind: "allow",
+                note: match &g.url {
+                    Some(u) => {
+                        format!("deny rules passed; service {u} not asked here (it may block or route)")
+                    }
+                    None => "deny rules passed".into(),
+                },
+            })
+        })
+    }
+
+    /// Model names the table compares `model` with (equals, one-of), in table order.
+    pub fn model_values(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for s in &self.steps {
+            if !s.reads_model() {
+                continue;
+            }
+            let vals: Vec<&Value> = match &s.cond {
+                Cond::Equals(v) => vec![v],
+                Cond::OneOf(xs) => xs.iter().collect(),
+                _ => continue,
+            };
+            for v in vals.into_iter().filter_map(Value::as_str) {
+                if !out.iter().any(|o| o == v) {
+                    out.push(v.to_string());
+                }
+            }
+        }
+        out
+    }
+
+    /// Can a request naming `model` reach a pool that takes it? Steps on `model` are decided by
+    /// the name; every other comparison may go either way (some request makes it match, another
+    /// miss); guard steps let the request through (their routes are the guard's choice, not the
+    /// client's). `takes(pool, split)` says whether a pool takes the name (`split`: the name is a
+    /// canary base that the route rewrites). Returns the first such pool.
+    pub fn accepts_model(&self, model: &str, takes: impl Fn(&str, bool) -> bool) -> Option<String> {
+        let name = Value::String(model.to_string());
+        let mut seen = vec![false; self.steps.len()];
+        let mut todo: Vec<&Target> = vec![];
+        let start = Target::Step(self.start);
+        todo.push(&start);
+        while let Some(t) = todo.pop() {
+            match t {
+                Target::Step(i) => {
+                    if std::mem::replace(&mut seen[*i], true) {
+                        continue;
+                    }
+                    let s = &self.steps[*i];
+                    if s.guard.is_some() {
+                        todo.push(&s.on_match);
+                    } else if s.reads_model() {
+                        todo.push(if s.cond.test(&name) { &s.on_match } else { &s.on_miss });
+                    } else {
+                        todo.push(&s.on_miss);
+                        todo.push(&s.on_match);
+                    }
+                }
+                Target::Pool { pool, split } => {
+                    if takes(pool, split.is_some()) {
+                        return Some(pool.clone());
+                    }
+                }
+                Target::Reject { .. } => {}
+            }
+        }
+        None
     }
 
     /// Human explanation of a decision, one line per step, for `proxy explain`.
     pub fn explain(&self, d: &Decision) -> String {
         let mut s = String::new();
-        for h in &d.hops {
+        for (k, h) in d.hops.iter().enumerate() {
             let step = &self.steps[h.step];
+            if let (Some(kind), Some(what)) = (h.outcome, step.describe_guard()) {
+                let next = match d.hops.get(k + 1) {
+                    Some(n) => format!("step {}", self.steps[n.step].id),
+                    None => self.describe_target(&d.target),
+                };
+                let _ = writeln!(
+                    s,
+                    "step {}: guard ({what}) -> {} -> {kind} -> {next}",
+                    step.id,
+                    h.seen.clone().unwrap_or_default(),
+                );
+                continue;
+            }
             let seen = h.seen.clone().unwrap_or_else(|| "(missing)".into());
-            let value = step.value.as_ref().map(|v| format!(" {}", render_short(v))).unwrap_or_default();
+            // The configured value in full when short (a one-of list included).
+            let value = step.value.as_ref().map(|v| format!(" {}", render_value(v))).unwrap_or_default();
             let next = if h.matched { &step.on_match } else { &step.on_miss };
             let _ = writeln!(
                 s,
@@ -447,6 +704,16 @@ fn as_number(v: &Value) -> Option<f64> {
         Value::Number(n) => n.as_f64(),
         Value::String(s) => s.trim().parse::<f64>().ok().filter(|f| f.is_finite()),
         _ => None,
+    }
+}
+
+/// A configured value: its JSON text when short, else cut like [`render_short`].
+fn render_value(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() <= 80 {
+        s
+    } else {
+        render_short(v)
     }
 }
 
@@ -585,10 +852,21 @@ fn compile_target(
 }
 
 fn successors(s: &Step) -> impl Iterator<Item = usize> + '_ {
-    [&s.on_match, &s.on_miss].into_iter().filter_map(|t| match t {
-        Target::Step(i) => Some(*i),
-        _ => None,
-    })
+    let routes = s.guard.iter().flat_map(|g| g.route_steps.iter().map(|(i, _)| *i));
+    [&s.on_match, &s.on_miss]
+        .into_iter()
+        .filter_map(|t| match t {
+            Target::Step(i) => Some(*i),
+            _ => None,
+        })
+        .chain(routes)
+}
+
+impl Step {
+    /// Does this step compare the body's `model`?
+    fn reads_model(&self) -> bool {
+        matches!(&self.source, Source::Field { segs, .. } if segs.len() == 1 && segs[0] == Seg::Key("model".into()))
+    }
 }
 
 /// A cycle reachable from anywhere, as the list of steps on it.
@@ -689,6 +967,52 @@ steps:
         assert!(t
             .explain(&d)
             .contains("step interactive: metadata.interactive = \"yes\" equals true -> miss"));
+    }
+
+    #[test]
+    fn guard_steps_are_validated_and_walked() {
+        let bad = r#"
+steps:
+  - id: g
+    field: model
+    guard: { route_steps: [nope], route_pools: [zz] }
+    match: { step: m }
+    miss: { pool: a }
+  - id: m
+    field: model
+    op: exists
+    match: { pool: a }
+    miss: { pool: b }
+"#;
+        let e = table(bad).unwrap_err();
+        let text = format!("{e:?}");
+        for want in ["takes no `field`", "has no `miss`", "needs a `url`", "route_steps[0]", "route_pools[0]"]
+        {
+            assert!(text.contains(want), "{want}: {text}");
+        }
+        let good = r#"
+steps:
+  - id: g
+    guard: { deny: [ { regex: "(?i)drop table", status: 422 } ] }
+    match: { step: m }
+  - id: m
+    field: model
+    op: exists
+    match: { pool: a }
+    miss: { pool: b }
+"#;
+        let t = table(good).unwrap();
+        let h = HeaderMap::new();
+        let d = t.evaluate(&json!({"model": "x", "prompt": "DROP TABLE users"}), &h);
+        assert!(matches!(d.target, Target::Reject { status: 422, .. }), "{d:?}");
+        assert_eq!(d.route(&t), "g:deny-rule");
+        let d = t.evaluate(&json!({"model": "x", "prompt": "hello"}), &h);
+        assert_eq!(d.route(&t), "g:allow,m:match");
+        assert!(
+            t.explain(&d).contains("step g: guard (1 deny rule(s)) -> deny rules passed -> allow -> step m"),
+            "{}",
+            t.explain(&d)
+        );
     }
 
     #[test]

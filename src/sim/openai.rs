@@ -45,11 +45,18 @@ impl ApiError {
         ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: message.into(), param: None }
     }
 
+    /// Any status with a message (for errors the HTTP layer finds: 404, 405, 413).
+    pub fn status(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into(), param: None }
+    }
+
     /// The `type` field: vLLM names it after the HTTP status class.
     pub fn kind(&self) -> &'static str {
         match self.status {
             StatusCode::BAD_REQUEST => "BadRequestError",
             StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowedError",
+            StatusCode::PAYLOAD_TOO_LARGE => "RequestEntityTooLargeError",
             StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
             _ => "InternalServerError",
         }

@@ -9,6 +9,10 @@
 //!   whose GPU is stuck but whose API process still answers).
 //! - `GET /metrics`: Prometheus text in the replica's [`MetricsStyle`].
 //!
+//! Every error, those of the HTTP layer included (unknown path 404, wrong method 405, a body over
+//! axum's 2 MiB limit 413), is an OpenAI-style JSON error ([`ApiError`]). (Real vLLM answers an
+//! unknown path with FastAPI's `{"detail": "Not Found"}`; the simulator keeps one shape.)
+//!
 //! A request whose replica goes down mid-answer loses its connection (the body ends with an error),
 //! as with a crashed server. A client that disconnects has its request aborted in the engine.
 
@@ -17,6 +21,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -106,26 +111,36 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics_text))
         .merge(fleet::admin_routes())
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
 async fn not_found() -> Response {
-    (StatusCode::NOT_FOUND, Json(json!({"detail": "Not Found"}))).into_response()
+    ApiError::status(StatusCode::NOT_FOUND, "Not Found").into_response()
+}
+
+async fn method_not_allowed() -> Response {
+    ApiError::status(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed").into_response()
+}
+
+/// axum's body rejection (413 past its 2 MiB limit, 400 on a broken body) in the OpenAI shape.
+fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| ApiError::status(r.status(), r.body_text()))
 }
 
 async fn health() -> StatusCode {
     StatusCode::OK
 }
 
-async fn completions(State(app): State<AppState>, body: Bytes) -> Response {
-    match openai::parse_completion(&body) {
+async fn completions(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    match body_or_error(body).and_then(|b| openai::parse_completion(&b)) {
         Ok(g) => generate(&app.replica, g).await,
         Err(e) => e.into_response(),
     }
 }
 
-async fn chat_completions(State(app): State<AppState>, body: Bytes) -> Response {
-    match openai::parse_chat(&body) {
+async fn chat_completions(State(app): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    match body_or_error(body).and_then(|b| openai::parse_chat(&b)) {
         Ok(g) => generate(&app.replica, g).await,
         Err(e) => e.into_response(),
     }
