@@ -600,6 +600,7 @@ impl Sim<'_> {
                 })
                 .collect(),
             rejected: vec![],
+            failures: vec![],
         };
         if self.window_weights.is_none() && now >= self.spec.scenario.duration_s {
             self.window_weights = Some(self.lb.weights());
