@@ -45,6 +45,17 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// `text` with the user-info part of every `scheme://user:password@host` in it replaced by `***`: for
+/// printing structures (sink settings) whose URLs we do not print one by one.
+pub fn redact_urls_in(text: &str) -> String {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let re = RE.get_or_init(|| {
+        regex::Regex::new(r#"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s\\"]+@"#)
+            .unwrap_or_else(|e| panic!("constant regex: {e}"))
+    });
+    re.replace_all(text, "${1}***@").into_owned()
+}
+
 /// A pool `selector`: label matchers without braces, as PromQL writes them inside `{...}`:
 /// `name op "value"` separated by commas, `op` one of `=`, `!=`, `=~`, `!~`, values quoted with `"`,
 /// `'` or `` ` ``, regexes valid.
@@ -229,6 +240,10 @@ mod tests {
         assert_eq!(redact_url("http://p:9090/?token=abc&a=b"), "http://p:9090/?token=***&a=b");
         assert_eq!(redact_url("http://p:9090"), "http://p:9090/");
         assert_eq!(redact_url("not a url with user:pw@host"), "***");
+        assert_eq!(
+            redact_urls_in("Webhook { url: \"https://u:p@hook/x\", other: \"http://h/\" }"),
+            "Webhook { url: \"https://***@hook/x\", other: \"http://h/\" }"
+        );
     }
 
     #[test]
