@@ -666,7 +666,7 @@ mod tests {
                 chunks in proptest::collection::vec(1usize..64, 0..20),
             ) {
                 let mut page = String::new();
-                let mut expected = vec![(0.0f64, 0usize); WANTED];
+                let mut expected = [(0.0f64, 0usize); WANTED];
                 let mut seen = std::collections::HashSet::new();
                 for (i, l) in lines.iter().enumerate() {
                     if typed && i % 5 == 0 {

@@ -51,6 +51,18 @@ pub fn wanted(names: &MetricNames, into: &mut Wanted) {
     }
 }
 
+/// Read a whole page for the names of every built-in profile, under the default cap: whether the
+/// scrape source can read it (tests of other servers' pages use it).
+pub fn parse(body: &str) -> Result<Reading, String> {
+    use super::profile::ProfileName::*;
+    let mut w = Wanted::default();
+    for p in [Vllm, VllmLegacy, Sglang, Trtllm, Nim, Tgi] {
+        wanted(&p.metric_names(), &mut w);
+    }
+    super::exposition::read(body.as_bytes(), w, super::exposition::DEFAULT_MAX_BYTES)
+        .map_err(|e| e.to_string())
+}
+
 impl ScrapeSource {
     pub fn new(name: &str, cfg: &ScrapeConfig) -> Result<Self, SourceError> {
         if cfg.insecure_skip_verify {
