@@ -16,6 +16,7 @@ use serde::Deserialize;
 
 use crate::policy::PolicyConfig;
 use crate::source::profile::{MetricOverrides, ProfileName, QueryOverrides};
+use crate::source::validate as v;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,6 +100,9 @@ pub struct ScrapeConfig {
     pub ca_file: Option<PathBuf>,
     #[serde(default)]
     pub insecure_skip_verify: bool,
+    /// Largest metrics page read; a larger one makes that member unreadable (`too_large`).
+    #[serde(default = "defaults::max_body_bytes")]
+    pub max_body_bytes: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -228,6 +232,24 @@ pub enum OnStale {
     Equal,
 }
 
+/// Set (to anything) to skip checking that files named in the config exist, for `check` of a config
+/// meant for another machine.
+pub const SKIP_FILE_CHECKS_ENV: &str = "LLMLC_SKIP_FILE_CHECKS";
+
+/// Sane ranges for durations and norms: beyond them a value is a typo, and some would overflow.
+mod bounds {
+    use std::time::Duration;
+
+    pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+    pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+    pub const MIN_TIMEOUT: Duration = Duration::from_millis(10);
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+    pub const MAX_RATE_WINDOW: Duration = Duration::from_secs(86400);
+    pub const MAX_STALE: Duration = Duration::from_secs(86400);
+    pub const MAX_RESET: Duration = Duration::from_secs(7 * 86400);
+    pub const MIN_NORM: f64 = 1e-6;
+}
+
 mod defaults {
     use std::net::SocketAddr;
     use std::time::Duration;
@@ -255,6 +277,9 @@ mod defaults {
     }
     pub fn scheme() -> String {
         "http".into()
+    }
+    pub fn max_body_bytes() -> usize {
+        crate::source::exposition::DEFAULT_MAX_BYTES
     }
     pub fn metrics_path() -> String {
         "/metrics".into()
@@ -302,8 +327,11 @@ impl Config {
     pub fn validate(&self) -> Vec<(String, String)> {
         let mut errs: Vec<(String, String)> = Vec::new();
         let mut err = |field: String, msg: &str| errs.push((field, msg.to_string()));
-        if self.interval.is_zero() {
-            err("interval".into(), "must be > 0");
+        // Files named by the config must exist and parse, as `run` requires, except when checking a
+        // config written for another machine (a pod's mounted secrets, checked in CI).
+        let check_files = std::env::var_os(SKIP_FILE_CHECKS_ENV).is_none();
+        if let Err(m) = v::duration_within(self.interval, bounds::MIN_INTERVAL, bounds::MAX_INTERVAL) {
+            err("interval".into(), &m);
         }
         if self.unready_after_cycles == 0 {
             err("unready_after_cycles".into(), "must be >= 1");
@@ -318,13 +346,25 @@ impl Config {
             let at = |f: &str| format!("sources.{name}.{f}");
             match src {
                 SourceConfig::Prometheus(p) => {
-                    match url::Url::parse(&p.url) {
-                        Ok(u) if matches!(u.scheme(), "http" | "https") => {}
-                        Ok(u) => err(at("url"), &format!("scheme must be http or https, not {}", u.scheme())),
-                        Err(e) => err(at("url"), &format!("not a URL: {e}")),
+                    // The same function the source builds its query URL with, so `check` and `run` agree.
+                    if let Err(m) = crate::source::prometheus::query_url(&p.url) {
+                        err(at("url"), &m);
                     }
-                    if p.timeout.is_zero() {
-                        err(at("timeout"), "must be > 0");
+                    if let Err(m) = v::duration_within(p.timeout, bounds::MIN_TIMEOUT, bounds::MAX_TIMEOUT) {
+                        err(at("timeout"), &m);
+                    }
+                    for (k, val) in &p.headers {
+                        if let Err(m) = v::header(k, val) {
+                            err(at(&format!("headers.{k}")), &m);
+                        }
+                    }
+                    if let Some(ca) = p.ca_file.as_ref().filter(|_| check_files) {
+                        if let Err(m) = v::ca_file(ca) {
+                            err(at("ca_file"), &m);
+                        }
+                    }
+                    if p.rate_window > bounds::MAX_RATE_WINDOW {
+                        err(at("rate_window"), "must be at most 1d");
                     }
                     if p.rate_window < Duration::from_secs(1) {
                         err(
@@ -334,8 +374,16 @@ impl Config {
                     }
                 }
                 SourceConfig::Scrape(s) => {
-                    if s.timeout.is_zero() {
-                        err(at("timeout"), "must be > 0");
+                    if let Err(m) = v::duration_within(s.timeout, bounds::MIN_TIMEOUT, bounds::MAX_TIMEOUT) {
+                        err(at("timeout"), &m);
+                    }
+                    if let Some(ca) = s.ca_file.as_ref().filter(|_| check_files) {
+                        if let Err(m) = v::ca_file(ca) {
+                            err(at("ca_file"), &m);
+                        }
+                    }
+                    if !(1024..=1 << 30).contains(&s.max_body_bytes) {
+                        err(at("max_body_bytes"), "must be between 1024 and 1073741824 (1 GiB)");
                     }
                     if s.concurrency == 0 {
                         err(at("concurrency"), "must be >= 1");
@@ -385,8 +433,8 @@ impl Config {
                 }
                 let mut dup = std::collections::BTreeSet::new();
                 for (j, m) in list.iter().enumerate() {
-                    if m.host_port().is_none() {
-                        err(at(&format!("members.static[{j}]")), &format!("\"{m}\" is not host:port"));
+                    if let Err(msg) = v::member(m) {
+                        err(at(&format!("members.static[{j}]")), &msg);
                     }
                     if !dup.insert(m) {
                         err(at(&format!("members.static[{j}]")), &format!("duplicate member {m}"));
@@ -394,11 +442,8 @@ impl Config {
                 }
             }
             if let Some(sel) = &p.members.prometheus_up {
-                if !(sel.starts_with('{') && sel.ends_with('}')) {
-                    err(
-                        at("members.prometheus_up"),
-                        "must be a label selector in braces, e.g. '{job=\"vllm\"}'",
-                    );
+                if let Err(m) = v::braced_selector(sel) {
+                    err(at("members.prometheus_up"), &m);
                 }
             }
             let readable = match &p.sink {
@@ -418,8 +463,10 @@ impl Config {
                 );
             }
             if let Some(sel) = &p.selector {
-                if sel.contains('{') || sel.contains('}') {
+                if sel.trim_start().starts_with('{') {
                     err(at("selector"), "write label matchers without braces, e.g. namespace=\"llm\"");
+                } else if let Err(m) = v::selector(sel) {
+                    err(at("selector"), &m);
                 }
             }
             if p.join.label.is_empty() {
@@ -445,9 +492,13 @@ impl Config {
             if p.ratio.min == 0 {
                 err(at("ratio.min"), "must be >= 1 (a ratio of 0 drains a member; drain is a sink option)");
             }
-            for (d, f) in [(p.stale_after, "stale_after"), (p.reset_after, "reset_after")] {
-                if d.is_zero() {
-                    err(at(f), "must be > 0");
+            for (d, f, min, max) in [
+                (p.stale_after, "stale_after", bounds::MIN_INTERVAL, bounds::MAX_STALE),
+                (p.grace, "grace", Duration::ZERO, bounds::MAX_STALE),
+                (p.reset_after, "reset_after", bounds::MIN_INTERVAL, bounds::MAX_RESET),
+            ] {
+                if let Err(m) = v::duration_within(d, min, max) {
+                    err(at(f), &m);
                 }
             }
             if p.profile == ProfileName::Custom {
@@ -459,6 +510,16 @@ impl Config {
             }
             for (field, msg) in p.policy.validate() {
                 err(at(&format!("policy.{field}")), &msg);
+            }
+            let (queue_norm, running_norm) = match &p.policy {
+                PolicyConfig::Headroom(h) => (h.queue_norm, h.running_norm),
+                PolicyConfig::Feedback(f) => (f.queue_norm, f.running_norm),
+            };
+            for (x, f) in [(queue_norm, "queue_norm"), (running_norm, "running_norm")] {
+                // policy.validate() already refuses <= 0 and non-finite; tiny values overflow loads.
+                if x > 0.0 && x < bounds::MIN_NORM {
+                    err(at(&format!("policy.{f}")), "must be >= 1e-6");
+                }
             }
             for (field, msg) in p.sink.validate() {
                 err(at(&format!("sink.{field}")), &msg);

@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use crate::config::{Config, SourceConfig};
 use crate::source::profile::promql;
+use crate::source::redact_url;
+use crate::source::validate::redact_urls_in;
 
 pub fn describe(cfg: &Config) -> String {
     let mut s = String::new();
@@ -22,7 +24,7 @@ pub fn describe(cfg: &Config) -> String {
                 let _ = writeln!(
                     s,
                     "source {name}: prometheus {} (timeout {}, token: {}, CA: {}, TLS verify: {})",
-                    p.url,
+                    redact_url(&p.url),
                     humantime::format_duration(p.timeout),
                     p.bearer_token.as_ref().map(|t| format!("{t:?}")).unwrap_or_else(|| "none".into()),
                     p.ca_file.as_ref().map(|c| c.display().to_string()).unwrap_or_else(|| "system".into()),
@@ -97,7 +99,8 @@ pub fn describe(cfg: &Config) -> String {
             p.on_stale,
             humantime::format_duration(p.reset_after)
         );
-        let _ = writeln!(s, "  sink:    {:?}", p.sink);
+        // Sink settings may hold URLs with credentials (a webhook's, say).
+        let _ = writeln!(s, "  sink:    {}", redact_urls_in(&format!("{:?}", p.sink)));
     }
     s
 }

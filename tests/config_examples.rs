@@ -10,6 +10,16 @@ fn check(path: &Path) -> std::process::Output {
     Command::new(BIN).args(["check", "--config"]).arg(path).output().expect("run check")
 }
 
+/// `check` of an example written for a pod: its mounted files (CA bundles) do not exist here.
+fn check_elsewhere(path: &Path) -> std::process::Output {
+    Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(path)
+        .env("LLMLC_SKIP_FILE_CHECKS", "1")
+        .output()
+        .expect("run check")
+}
+
 #[test]
 fn every_example_in_config_passes_check() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
@@ -19,7 +29,7 @@ fn every_example_in_config_passes_check() {
         if path.extension().and_then(|e| e.to_str()) != Some("yaml") || is_not_controller_config(&path) {
             continue;
         }
-        let out = check(&path);
+        let out = check_elsewhere(&path);
         assert!(
             out.status.success(),
             "{} failed check:\n{}",

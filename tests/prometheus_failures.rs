@@ -148,3 +148,144 @@ async fn bearer_token_is_sent_from_a_file_and_rereads_rotation() {
     std::fs::write(&token, "second\n").expect("rotate");
     assert!(src.sample(&[&pool()]).await.remove(0).is_ok(), "rotated token is read on the next cycle");
 }
+
+/// Every query answers per member; `timestamp()` answers `ts`.
+async fn mount_with_timestamp(server: &MockServer, ts: &str) {
+    let q = |signal: &str| {
+        pool().queries.into_iter().find(|(s, _)| s.as_str() == signal).map(|(_, q)| q).expect("query")
+    };
+    Mock::given(query_param("query", q("timestamp")))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(vector(&[("10.0.0.1:8000", ts), ("10.0.0.2:8000", "1700000000")])),
+        )
+        .mount(server)
+        .await;
+    Mock::given(path("/api/v1/query"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(vector(&[("10.0.0.1:8000", "0.5"), ("10.0.0.2:8000", "0.25")])),
+        )
+        .mount(server)
+        .await;
+}
+
+/// `timestamp()` answers of -Inf panicked the controller (Duration::from_secs_f64); NaN, +Inf and
+/// future ones counted as fresh. Now each makes that member's sample invalid, and only that one.
+#[tokio::test]
+async fn non_finite_or_future_timestamps_invalidate_the_sample_never_panic() {
+    let future = format!(
+        "{}",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() + 3600
+    );
+    for (ts, reason) in [
+        ("-Inf", "timestamp_not_finite"),
+        ("+Inf", "timestamp_not_finite"),
+        ("NaN", "timestamp_not_finite"),
+        ("-1.9e19", ""),
+        (future.as_str(), "timestamp_in_future"),
+    ] {
+        let server = MockServer::start().await;
+        mount_with_timestamp(&server, ts).await;
+        let snap = source(&server.uri()).sample(&[&pool()]).await.remove(0).expect("sampled");
+        let other =
+            snap.members[&MemberId::from("10.0.0.2:8000")].as_ref().expect("the other member is fine");
+        assert!(other.age > Duration::from_secs(1000), "its 1700000000 stamp is old");
+        let first = &snap.members[&MemberId::from("10.0.0.1:8000")];
+        if reason.is_empty() {
+            // Absurdly old: a sample, but stale beyond any stale_after.
+            assert!(first.as_ref().expect("old sample").age > Duration::from_secs(365 * 86400), "{ts}");
+            continue;
+        }
+        assert!(first.is_none(), "{ts}: an untrustworthy timestamp gives no sample");
+        assert!(snap.rejected.iter().any(|r| r.reason == reason), "{ts}: {:?}", snap.rejected);
+        assert_eq!(snap.failures.len(), 1, "{ts}: {:?}", snap.failures);
+        assert_eq!(snap.failures[0].reason.as_str(), "bad_timestamp");
+    }
+}
+
+#[tokio::test]
+async fn http_errors_are_http_errors_whatever_the_body() {
+    for (status, body) in [
+        (500, "<html>Internal Server Error</html>".to_string()),
+        (503, json!({"status": "error", "errorType": "timeout", "error": "query timed out"}).to_string()),
+        (502, String::new()),
+    ] {
+        let server = MockServer::start().await;
+        Mock::given(path("/api/v1/query"))
+            .respond_with(ResponseTemplate::new(status).set_body_string(body.clone()))
+            .mount(&server)
+            .await;
+        let e = source(&server.uri()).sample(&[&pool()]).await.remove(0).expect_err("must fail");
+        match &e {
+            SourceError::Http { status: s, .. } if *s == status => {}
+            other => panic!("{status} {body:?}: {other:?}"),
+        }
+        assert_eq!(e.reason(), "http");
+    }
+    // A bad query (400 with Prometheus' JSON error) is the query's fault.
+    let server = MockServer::start().await;
+    Mock::given(path("/api/v1/query"))
+        .respond_with(ResponseTemplate::new(400).set_body_json(
+            json!({"status": "error", "errorType": "bad_data", "error": "parse error at char 3"}),
+        ))
+        .mount(&server)
+        .await;
+    let e = source(&server.uri()).sample(&[&pool()]).await.remove(0).expect_err("must fail");
+    assert!(matches!(&e, SourceError::Query { detail, .. } if detail.contains("parse error")), "{e:?}");
+}
+
+/// Thanos Querier's tenancy port (9092) answers only with `?namespace=`; a proxy here plays it and
+/// refuses any query without it, the way kube-rbac-proxy + prom-label-proxy do.
+#[tokio::test]
+async fn source_url_query_parameters_are_kept_on_every_query() {
+    let server = MockServer::start().await;
+    Mock::given(path("/api/v1/query"))
+        .and(query_param("namespace", "llm"))
+        .and(query_param("query", "up{job=\"vllm\"}"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(vector(&[("10.0.0.1:8000", "1")])))
+        .mount(&server)
+        .await;
+    Mock::given(path("/api/v1/query"))
+        .and(query_param("namespace", "llm"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(vector(&[("10.0.0.1:8000", "0.5"), ("10.0.0.2:8000", "0.25")])),
+        )
+        .mount(&server)
+        .await;
+    Mock::given(path("/api/v1/query"))
+        .respond_with(
+            ResponseTemplate::new(400)
+                .set_body_string("Bad Request. The request or configuration is malformed: missing namespace"),
+        )
+        .mount(&server)
+        .await;
+    let src = source(&format!("{}/?namespace=llm", server.uri()));
+    let snap = src.sample(&[&pool()]).await.remove(0).expect("tenancy query answered");
+    assert!(snap.members.values().all(|s| s.is_some()), "{snap:?}");
+    let members = src
+        .discover("{job=\"vllm\"}", &Join::new(&JoinConfig::default()).expect("join"))
+        .await
+        .expect("discover");
+    assert_eq!(members, vec![MemberId::from("10.0.0.1:8000")]);
+    // Without the parameter the proxy refuses: an HTTP error, not "malformed".
+    let e = source(&server.uri()).sample(&[&pool()]).await.remove(0).expect_err("refused");
+    assert!(matches!(e, SourceError::Http { status: 400, .. }), "{e:?}");
+    for r in server.received_requests().await.unwrap_or_default() {
+        assert!(r.url.path() == "/api/v1/query", "{}", r.url);
+    }
+}
+
+/// A static member Prometheus has no series for is reported, not silently left without data.
+#[tokio::test]
+async fn members_without_series_are_reported() {
+    let server = MockServer::start().await;
+    Mock::given(path("/api/v1/query"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(vector(&[("10.0.0.1:8000", "1")])))
+        .mount(&server)
+        .await;
+    let snap = source(&server.uri()).sample(&[&pool()]).await.remove(0).expect("sampled");
+    let got: Vec<_> = snap.failures.iter().map(|f| (f.member.as_str(), f.reason.as_str())).collect();
+    assert_eq!(got, vec![("10.0.0.2:8000", "no_series")]);
+}

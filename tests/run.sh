@@ -22,10 +22,31 @@ command -v chromium >/dev/null || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  # The packages would start their services; the tests start their own on free ports. Keep them from
+  # starting with a policy-rc.d (honoured by invoke-rc.d and deb-systemd-invoke) for the install only,
+  # and never stop anything by name: a Prometheus or HAProxy already running here is the user's.
+  policy_rc=/usr/sbin/policy-rc.d own_policy=false apt_rc=0 active_before=()
+  for pkg in "${need_apt[@]}"; do
+    if command -v systemctl >/dev/null && systemctl is-active --quiet "$pkg.service" 2>/dev/null; then
+      active_before+=("$pkg")
+    fi
+  done
+  if [ ! -e "$policy_rc" ] && as_root sh -c "printf '#!/bin/sh\nexit 101\n' > $policy_rc && chmod 755 $policy_rc"; then
+    own_policy=true
+  fi
   as_root apt-get install -y -q --no-install-recommends "${need_apt[@]}" \
-    || { as_root apt-get update -q && as_root apt-get install -y -q --no-install-recommends "${need_apt[@]}"; }
-  # The packages may start their services; the tests want neither on the default ports.
-  as_root sh -c 'command -v systemctl >/dev/null && systemctl stop prometheus haproxy 2>/dev/null; pkill -x prometheus; pkill -x haproxy; true' || true
+    || { as_root apt-get update -q && as_root apt-get install -y -q --no-install-recommends "${need_apt[@]}"; } \
+    || apt_rc=$?
+  if [ "$own_policy" = true ]; then as_root rm -f "$policy_rc"; fi
+  [ "$apt_rc" = 0 ] || exit "$apt_rc"
+  # Where a policy-rc.d of someone else's let them start anyway: stop only the units of the packages
+  # this run just installed that were not running before, by unit, never by process name.
+  if command -v systemctl >/dev/null; then
+    for pkg in "${need_apt[@]}"; do
+      case " ${active_before[*]} " in *" $pkg "*) continue ;; esac
+      case "$pkg" in prometheus|haproxy) as_root systemctl stop "$pkg.service" 2>/dev/null || true ;; esac
+    done
+  fi
 fi
 if ! command -v kubectl >/dev/null; then
   # Best effort: the machine image's apt sources carry kubectl; plain Debian does not.

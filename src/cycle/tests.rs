@@ -30,6 +30,7 @@ fn fresh() -> Snapshot {
         .into_iter()
         .collect(),
         rejected: vec![],
+        failures: vec![],
     }
 }
 
@@ -39,6 +40,7 @@ fn stale() -> Snapshot {
             .into_iter()
             .collect(),
         rejected: vec![],
+        failures: vec![],
     }
 }
 
@@ -212,6 +214,7 @@ fn stale_equal_load() -> Snapshot {
         .into_iter()
         .collect(),
         rejected: vec![],
+        failures: vec![],
     }
 }
 
@@ -263,6 +266,7 @@ fn loads(a_kv: f64) -> Snapshot {
         .into_iter()
         .collect(),
         rejected: vec![],
+        failures: vec![],
     }
 }
 

@@ -211,6 +211,7 @@ pub(crate) mod testutil {
         Snapshot {
             members: members.iter().map(|(m, s)| (MemberId::from(*m), s.clone())).collect(),
             rejected: vec![],
+            failures: vec![],
         }
     }
 

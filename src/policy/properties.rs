@@ -34,6 +34,7 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
     proptest::collection::vec(arb_sample(), 1..8).prop_map(|v| Snapshot {
         members: v.into_iter().enumerate().map(|(i, s)| (MemberId(format!("10.0.0.{i}:8000")), s)).collect(),
         rejected: vec![],
+        failures: vec![],
     })
 }
 
@@ -69,6 +70,7 @@ proptest! {
             let s = Snapshot {
                 members: (0..n).map(|i| (MemberId(format!("m{i}:1")), Some(sample(w, r, kv)))).collect(),
                 rejected: vec![],
+ failures: vec![],
             };
             let prev: Ratios = s.members.keys().map(|m| (m.clone(), start)).collect();
             let o = p.compute(&s, &prev);
@@ -88,6 +90,7 @@ proptest! {
             let s = Snapshot {
                 members: loads.iter().enumerate().map(|(i, (w, kv))| (MemberId(format!("m{i}:1")), Some(sample(w.floor(), 8.0, *kv)))).collect(),
                 rejected: vec![],
+ failures: vec![],
             };
             // The same previous state for everyone, then the same loads for a few cycles.
             let mut prev: Ratios = s.members.keys().map(|m| (m.clone(), start)).collect();
@@ -120,6 +123,7 @@ proptest! {
             let s = Snapshot {
                 members: (0..n).map(|i| (MemberId(format!("m{i}:1")), Some(sample(0.0, 0.0, 0.0)))).collect(),
                 rejected: vec![],
+ failures: vec![],
             };
             let o = p.compute(&s, &prev_for(&s, &prev));
             let first = o.ratios.iter().next().map(|(_, r)| r);

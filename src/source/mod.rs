@@ -5,9 +5,13 @@
 //! policy sees them: NaN, infinities, negative numbers and KV usage above 1 are rejected and counted,
 //! and a member without data is absent from the snapshot, never a zero.
 
+pub mod exposition;
 pub mod profile;
 pub mod prometheus;
 pub mod scrape;
+pub mod validate;
+
+pub use validate::redact_url;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -40,6 +44,51 @@ pub struct Snapshot {
     pub members: BTreeMap<MemberId, Option<Sample>>,
     /// Values refused on the way in.
     pub rejected: Vec<Rejected>,
+    /// Members that could not be read this cycle, with a bounded reason (a metric label) and the
+    /// details (for a log line). Each is also `None` in `members`.
+    pub failures: Vec<MemberFailure>,
+}
+
+/// Why one member has no sample this cycle. A small closed set, so it can be a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FailureReason {
+    /// Connection refused, reset, DNS, TLS: no HTTP answer.
+    Unreachable,
+    /// No complete answer within the source's `timeout`.
+    Timeout,
+    /// An HTTP answer other than 2xx.
+    HttpStatus,
+    /// The page is larger than the source's `max_body_bytes`.
+    TooLarge,
+    /// The page is not Prometheus text, or a needed sample line is malformed.
+    Unreadable,
+    /// Prometheus has no series of a core signal for this member (target down, relabelled away).
+    NoSeries,
+    /// Prometheus gave a sample timestamp that is not finite or lies in the future.
+    BadTimestamp,
+}
+
+impl FailureReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::Unreachable => "unreachable",
+            FailureReason::Timeout => "timeout",
+            FailureReason::HttpStatus => "http_status",
+            FailureReason::TooLarge => "too_large",
+            FailureReason::Unreadable => "unreadable",
+            FailureReason::NoSeries => "no_series",
+            FailureReason::BadTimestamp => "bad_timestamp",
+        }
+    }
+}
+
+/// One member that could not be read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberFailure {
+    pub member: MemberId,
+    pub reason: FailureReason,
+    /// Human words (never a URL with credentials).
+    pub detail: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -60,6 +109,8 @@ pub enum SourceError {
     Query { query: String, detail: String },
     #[error("{what} sent something we cannot read: {detail}")]
     Malformed { what: String, detail: String },
+    #[error("{what} sent more than {limit} bytes")]
+    TooLarge { what: String, limit: usize },
     #[error("source configuration: {0}")]
     Config(String),
 }
@@ -72,6 +123,7 @@ impl SourceError {
             SourceError::Http { .. } => "http",
             SourceError::Query { .. } => "query",
             SourceError::Malformed { .. } => "malformed",
+            SourceError::TooLarge { .. } => "too_large",
             SourceError::Config(_) => "config",
         }
     }

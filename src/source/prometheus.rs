@@ -3,35 +3,107 @@
 //! Pools that share this source and need the same query (same profile, selector and join label) share
 //! its result, so adding pools does not multiply the load on Prometheus. Results are joined to members
 //! by the join label. The bearer token is re-read per cycle so rotated service-account tokens work.
+//!
+//! The HTTP API client is ours (a GET and a small JSON shape) rather than a crate's, for three things
+//! the crate did not do: keep the query parameters of the configured URL on every request (Thanos
+//! tenancy on port 9092 needs `?namespace=`), report a non-2xx answer as an HTTP error whatever its
+//! body, and bound the answer's size. Every answer is checked before use: sample timestamps that are
+//! not finite or lie in the future make that member's sample invalid (never a panic, never "fresh").
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::join_all;
 use llm_lc_adapters::{MemberId, SecretRef};
-use prometheus_http_query::{Client, Error as PromError};
+use serde::Deserialize;
 
-use super::{assemble, describe, http_client, Join, PoolQuery, SignalValues, Snapshot, SourceError};
+use super::{
+    assemble, describe, http_client, FailureReason, Join, MemberFailure, PoolQuery, Rejected, Signal,
+    SignalValues, Snapshot, SourceError,
+};
 use crate::config::PrometheusConfig;
+
+/// Largest query answer read. One series per member per query: even 10,000 members stay far below.
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// A sample timestamp this far ahead of our clock is still accepted (clock skew between hosts).
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(5);
+
+/// Ages are capped here: an absurdly old timestamp is simply very stale.
+const MAX_AGE: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 pub struct PrometheusSource {
     name: String,
-    client: Client,
+    client: reqwest::Client,
+    /// `.../api/v1/query` with the configured URL's own query parameters.
+    query_url: url::Url,
     token: Option<SecretRef>,
 }
 
 /// Raw rows of one query: the label set and the sample `(timestamp, value)`.
-type Rows = Vec<(std::collections::HashMap<String, String>, f64, f64)>;
+type Rows = Vec<(HashMap<String, String>, f64, f64)>;
+
+#[derive(Deserialize)]
+struct Answer {
+    status: String,
+    #[serde(default)]
+    data: Option<Data>,
+    #[serde(default, rename = "errorType")]
+    error_type: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Data {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    #[serde(default)]
+    result: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct VectorSample {
+    #[serde(default)]
+    metric: HashMap<String, String>,
+    /// `[unix seconds, "value"]`; absent for native-histogram samples, which we skip.
+    #[serde(default)]
+    value: Option<(f64, String)>,
+}
+
+/// The age of a sample stamped `ts` (unix seconds) at `now`, or why the stamp is unusable.
+pub fn age_of_timestamp(now: f64, ts: f64) -> Result<Duration, &'static str> {
+    if !ts.is_finite() {
+        return Err("timestamp_not_finite");
+    }
+    if ts > now + MAX_CLOCK_SKEW.as_secs_f64() {
+        return Err("timestamp_in_future");
+    }
+    Ok(Duration::try_from_secs_f64((now - ts).max(0.0)).unwrap_or(MAX_AGE).min(MAX_AGE))
+}
+
+/// `base` + `/api/v1/query`, keeping the base's path prefix and query parameters.
+pub fn query_url(base: &str) -> Result<url::Url, String> {
+    let mut u = url::Url::parse(base).map_err(|e| format!("not a URL: {e}"))?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(format!("scheme must be http or https, not {}", u.scheme()));
+    }
+    let path = format!("{}/api/v1/query", u.path().trim_end_matches('/'));
+    u.set_path(&path);
+    u.set_fragment(None);
+    Ok(u)
+}
 
 impl PrometheusSource {
     pub fn new(name: &str, cfg: &PrometheusConfig) -> Result<Self, SourceError> {
         if cfg.insecure_skip_verify {
             tracing::warn!(source = name, "TLS certificate verification is OFF for this Prometheus source");
         }
-        let http = http_client(cfg.timeout, cfg.ca_file.as_deref(), cfg.insecure_skip_verify, &cfg.headers)?;
-        let client = Client::from(http, &cfg.url)
-            .map_err(|e| SourceError::Config(format!("sources.{name}.url: {e}")))?;
-        Ok(PrometheusSource { name: name.to_string(), client, token: cfg.bearer_token.clone() })
+        let client =
+            http_client(cfg.timeout, cfg.ca_file.as_deref(), cfg.insecure_skip_verify, &cfg.headers)?;
+        let query_url =
+            query_url(&cfg.url).map_err(|e| SourceError::Config(format!("sources.{name}.url: {e}")))?;
+        Ok(PrometheusSource { name: name.to_string(), client, query_url, token: cfg.bearer_token.clone() })
     }
 
     fn what(&self) -> String {
@@ -39,48 +111,82 @@ impl PrometheusSource {
     }
 
     async fn query(&self, promql: &str, token: Option<&str>) -> Result<Rows, SourceError> {
-        let mut q = self.client.query(promql);
+        let mut url = self.query_url.clone();
+        url.query_pairs_mut().append_pair("query", promql);
+        let mut req = self.client.get(url);
         if let Some(t) = token {
             let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
                 SourceError::Config("bearer token contains characters not allowed in a header".into())
             })?;
-            q = q.header(reqwest::header::AUTHORIZATION, value);
+            req = req.header(reqwest::header::AUTHORIZATION, value);
         }
-        let res = q.get().await.map_err(|e| self.map_err(promql, e))?;
-        let vector = res.data().as_vector().ok_or_else(|| SourceError::Malformed {
+        let unreachable =
+            |e: reqwest::Error| SourceError::Unreachable { what: self.what(), detail: describe(&e) };
+        let mut resp = req.send().await.map_err(unreachable)?;
+        let status = resp.status();
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(unreachable)? {
+            if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+                return Err(SourceError::TooLarge { what: self.what(), limit: MAX_ANSWER_BYTES });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let answer: Result<Answer, _> = serde_json::from_slice(&body);
+        if !status.is_success() {
+            // Prometheus answers a bad query with 400/422 and a JSON error: that is the query's fault.
+            // Anything else not 2xx (a proxy's 500 page, 503 overload, 401) is an HTTP error.
+            if let (Ok(a), 400 | 422) = (&answer, status.as_u16()) {
+                if a.status == "error" {
+                    return Err(SourceError::Query {
+                        query: promql.to_string(),
+                        detail: format!(
+                            "{}: {}",
+                            a.error_type.as_deref().unwrap_or("error"),
+                            a.error.as_deref().unwrap_or("")
+                        ),
+                    });
+                }
+            }
+            let detail = match &answer {
+                Ok(a) if a.error.is_some() => a.error.clone().unwrap_or_default(),
+                _ => excerpt(&body),
+            };
+            return Err(SourceError::Http { what: self.what(), status: status.as_u16(), detail });
+        }
+        let answer = answer.map_err(|e| SourceError::Malformed {
             what: self.what(),
-            detail: format!("query {promql:?} did not return an instant vector"),
+            detail: format!("answer is not Prometheus API JSON: {e}"),
         })?;
-        Ok(vector.iter().map(|v| (v.metric().clone(), v.sample().timestamp(), v.sample().value())).collect())
-    }
-
-    fn map_err(&self, promql: &str, e: PromError) -> SourceError {
-        match e {
-            PromError::Prometheus(p) => {
-                SourceError::Query { query: promql.to_string(), detail: p.to_string() }
-            }
-            PromError::Client(c) => {
-                let detail =
-                    match std::error::Error::source(&c).and_then(|s| s.downcast_ref::<reqwest::Error>()) {
-                        Some(r) => {
-                            if let Some(status) = r.status() {
-                                return SourceError::Http {
-                                    what: self.what(),
-                                    status: status.as_u16(),
-                                    detail: describe(r),
-                                };
-                            }
-                            if r.is_decode() {
-                                return SourceError::Malformed { what: self.what(), detail: describe(r) };
-                            }
-                            describe(r)
-                        }
-                        None => c.to_string(),
-                    };
-                SourceError::Unreachable { what: self.what(), detail }
-            }
-            other => SourceError::Query { query: promql.to_string(), detail: other.to_string() },
+        if answer.status != "success" {
+            return Err(SourceError::Query {
+                query: promql.to_string(),
+                detail: answer.error.unwrap_or_else(|| format!("status {:?}", answer.status)),
+            });
         }
+        let data = answer.data.ok_or_else(|| SourceError::Malformed {
+            what: self.what(),
+            detail: "answer has no `data`".into(),
+        })?;
+        if data.result_type != "vector" {
+            return Err(SourceError::Malformed {
+                what: self.what(),
+                detail: format!("query {promql:?} returned a {}, not an instant vector", data.result_type),
+            });
+        }
+        let samples: Vec<VectorSample> = serde_json::from_value(data.result).map_err(|e| {
+            SourceError::Malformed { what: self.what(), detail: format!("vector result of {promql:?}: {e}") }
+        })?;
+        let mut rows = Vec::with_capacity(samples.len());
+        for s in samples {
+            let Some((ts, v)) = s.value else { continue };
+            // Prometheus writes values as strings: "1.5", "NaN", "+Inf", "-Inf".
+            let v = v.parse::<f64>().map_err(|_| SourceError::Malformed {
+                what: self.what(),
+                detail: format!("query {promql:?}: value {v:?} is not a number"),
+            })?;
+            rows.push((s.metric, ts, v));
+        }
+        Ok(rows)
     }
 
     fn token(&self) -> Result<Option<String>, SourceError> {
@@ -103,39 +209,90 @@ impl PrometheusSource {
         let results = join_all(queries).await;
         let by_query: BTreeMap<&str, Result<Rows, SourceError>> = distinct.into_iter().zip(results).collect();
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        pools.iter().map(|pool| self.pool_snapshot(pool, &by_query, now)).collect()
+    }
 
-        pools
-            .iter()
-            .map(|pool| {
-                let mut values = SignalValues::new();
-                let mut eval_time: BTreeMap<MemberId, f64> = BTreeMap::new();
-                for (signal, q) in &pool.queries {
-                    let rows = match &by_query[q.as_str()] {
-                        Ok(rows) => rows,
-                        // Without the core signals nothing is known; optional ones just go missing.
-                        Err(e) if matches!(signal, super::Signal::Waiting | super::Signal::Running) => {
-                            return Err(e.clone());
+    fn pool_snapshot(
+        &self,
+        pool: &PoolQuery,
+        by_query: &BTreeMap<&str, Result<Rows, SourceError>>,
+        now: f64,
+    ) -> Result<Snapshot, SourceError> {
+        let mut values = SignalValues::new();
+        let mut eval_time: BTreeMap<MemberId, f64> = BTreeMap::new();
+        for (signal, q) in &pool.queries {
+            let rows = match by_query.get(q.as_str()) {
+                Some(Ok(rows)) => rows,
+                // Without the core signals nothing is known; optional ones just go missing.
+                Some(Err(e)) if matches!(signal, Signal::Waiting | Signal::Running) => return Err(e.clone()),
+                Some(Err(e)) => {
+                    tracing::debug!(source = %self.name, signal = signal.as_str(), error = %e, "optional signal unavailable");
+                    continue;
+                }
+                None => continue,
+            };
+            let slot = values.entry(*signal).or_default();
+            for (labels, ts, v) in rows {
+                let Some(label) = labels.get(&pool.join.label) else { continue };
+                let m = pool.join.member(label);
+                slot.insert(m.clone(), *v);
+                eval_time.insert(m, *ts);
+            }
+        }
+        // Ages first: a member whose timestamp cannot be trusted gets no sample at all (an age of
+        // zero would make garbage look fresh; an infinite one used to panic).
+        let mut ages: BTreeMap<MemberId, Duration> = BTreeMap::new();
+        let mut rejected = Vec::new();
+        let mut failures = Vec::new();
+        for m in &pool.members {
+            let sample_ts = values.get(&Signal::Timestamp).and_then(|v| v.get(m)).copied();
+            // The raw sample's own timestamp when we asked for it; else the evaluation time.
+            let ts = sample_ts.or_else(|| eval_time.get(m).copied()).unwrap_or(now);
+            match age_of_timestamp(now, ts) {
+                Ok(age) => {
+                    ages.insert(m.clone(), age);
+                }
+                Err(reason) => {
+                    rejected.push(Rejected {
+                        member: m.clone(),
+                        signal: Signal::Timestamp,
+                        reason,
+                        value: ts,
+                    });
+                    failures.push(MemberFailure {
+                        member: m.clone(),
+                        reason: FailureReason::BadTimestamp,
+                        detail: format!("sample timestamp {ts} is unusable ({reason})"),
+                    });
+                    for s in [Signal::Waiting, Signal::Running] {
+                        if let Some(v) = values.get_mut(&s) {
+                            v.remove(m);
                         }
-                        Err(e) => {
-                            tracing::debug!(source = %self.name, signal = signal.as_str(), error = %e, "optional signal unavailable");
-                            continue;
-                        }
-                    };
-                    let slot = values.entry(*signal).or_default();
-                    for (labels, ts, v) in rows {
-                        let Some(label) = labels.get(&pool.join.label) else { continue };
-                        let m = pool.join.member(label);
-                        slot.insert(m.clone(), *v);
-                        eval_time.insert(m, *ts);
                     }
                 }
-                Ok(assemble(&pool.members, &values, |m, sample_ts| {
-                    // The raw sample's own timestamp when we asked for it; else the evaluation time.
-                    let ts = sample_ts.or_else(|| eval_time.get(m).copied()).unwrap_or(now);
-                    Duration::from_secs_f64((now - ts).max(0.0))
-                }))
-            })
-            .collect()
+            }
+        }
+        let mut snap = assemble(&pool.members, &values, |m, _| ages.get(m).copied().unwrap_or_default());
+        snap.rejected.extend(rejected);
+        for m in &pool.members {
+            let has = |s: Signal| values.get(&s).is_some_and(|v| v.contains_key(m));
+            if !has(Signal::Waiting) || !has(Signal::Running) {
+                if failures.iter().any(|f| &f.member == m) {
+                    continue;
+                }
+                failures.push(MemberFailure {
+                    member: m.clone(),
+                    reason: FailureReason::NoSeries,
+                    detail: format!(
+                        "no {} series with label {}={m:?}",
+                        if has(Signal::Waiting) { "running" } else { "waiting" },
+                        pool.join.label
+                    ),
+                });
+            }
+        }
+        snap.failures = failures;
+        Ok(snap)
     }
 
     pub async fn discover(&self, selector: &str, join: &Join) -> Result<Vec<MemberId>, SourceError> {
@@ -147,5 +304,43 @@ impl PrometheusSource {
             .filter_map(|(labels, _, _)| labels.get(&join.label).map(|v| join.member(v)))
             .collect();
         Ok(members.into_iter().collect())
+    }
+}
+
+/// The start of a non-JSON error body on one line, for messages.
+fn excerpt(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(200)]);
+    let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.is_empty() {
+        "(empty body)".into()
+    } else {
+        one_line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_that_are_not_finite_or_in_the_future_are_refused() {
+        let now = 1_700_000_000.0;
+        for ts in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert_eq!(age_of_timestamp(now, ts), Err("timestamp_not_finite"), "{ts}");
+        }
+        assert_eq!(age_of_timestamp(now, now + 60.0), Err("timestamp_in_future"));
+        assert_eq!(age_of_timestamp(now, now + 1.0), Ok(Duration::ZERO), "small skew is fine");
+        assert_eq!(age_of_timestamp(now, now - 2.5), Ok(Duration::from_millis(2500)));
+        assert_eq!(age_of_timestamp(now, -1.8e19), Ok(MAX_AGE), "absurdly old is just stale");
+        assert_eq!(age_of_timestamp(now, f64::MIN), Ok(MAX_AGE));
+    }
+
+    #[test]
+    fn query_url_keeps_prefix_and_parameters() {
+        let u = query_url("https://thanos:9092/prefix/?namespace=llm&x=1").expect("url");
+        assert_eq!(u.as_str(), "https://thanos:9092/prefix/api/v1/query?namespace=llm&x=1");
+        let u = query_url("http://p:9090").expect("url");
+        assert_eq!(u.as_str(), "http://p:9090/api/v1/query");
+        assert!(query_url("ftp://x").is_err());
     }
 }

@@ -4,16 +4,25 @@
 //! cycle. Queue and running counts are summed over vLLM's per-`engine` series, KV usage averaged.
 //! Mean processing time needs two scrapes: it is the growth of the latency histogram's sum over the
 //! growth of its count since the previous cycle, so the source keeps the last totals per member.
+//!
+//! Each body is read as a stream and scanned chunk by chunk as it arrives ([`super::exposition`]),
+//! only for the names the member's pools need, and refused past `max_body_bytes`: one member serving
+//! a huge or slow page costs bounded memory and CPU, and the cycle's deadline can interrupt it
+//! between chunks. Members that cannot be read are listed in the snapshot's `failures` with a reason.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use llm_lc_adapters::{MemberId, SecretRef};
-use openmetrics_parser::{MetricsExposition, PrometheusType, PrometheusValue};
 
-use super::{assemble, describe, http_client, PoolQuery, Signal, SignalValues, Snapshot, SourceError};
+use super::exposition::{ReadError, Reader, Reading, Wanted};
+use super::profile::MetricNames;
+use super::{
+    assemble, describe, http_client, FailureReason, MemberFailure, PoolQuery, Signal, SignalValues, Snapshot,
+    SourceError,
+};
 use crate::config::ScrapeConfig;
 
 pub struct ScrapeSource {
@@ -22,12 +31,37 @@ pub struct ScrapeSource {
     scheme: String,
     path: String,
     concurrency: usize,
+    max_body_bytes: usize,
     token: Option<SecretRef>,
     /// Last (sum, count) of each member's latency histogram, for the rate between cycles.
     last_latency: Mutex<HashMap<(MemberId, String), (f64, f64)>>,
 }
 
-type Exposition = MetricsExposition<PrometheusType, PrometheusValue>;
+/// Why a member could not be read: the bounded reason and the error.
+type Failure = (FailureReason, SourceError);
+
+/// The sample names a pool needs from each member's page.
+pub fn wanted(names: &MetricNames, into: &mut Wanted) {
+    for n in names.waiting.iter().chain(&names.running).chain(&names.kv_usage) {
+        into.add(n);
+    }
+    for h in &names.latency_histogram {
+        into.add(&format!("{h}_sum"));
+        into.add(&format!("{h}_count"));
+    }
+}
+
+/// Read a whole page for the names of every built-in profile, under the default cap: whether the
+/// scrape source can read it (tests of other servers' pages use it).
+pub fn parse(body: &str) -> Result<Reading, String> {
+    use super::profile::ProfileName::*;
+    let mut w = Wanted::default();
+    for p in [Vllm, VllmLegacy, Sglang, Trtllm, Nim, Tgi] {
+        wanted(&p.metric_names(), &mut w);
+    }
+    super::exposition::read(body.as_bytes(), w, super::exposition::DEFAULT_MAX_BYTES)
+        .map_err(|e| e.to_string())
+}
 
 impl ScrapeSource {
     pub fn new(name: &str, cfg: &ScrapeConfig) -> Result<Self, SourceError> {
@@ -35,13 +69,14 @@ impl ScrapeSource {
             tracing::warn!(source = name, "TLS certificate verification is OFF for this scrape source");
         }
         let client =
-            http_client(cfg.timeout, cfg.ca_file.as_deref(), cfg.insecure_skip_verify, &BTreeMap::new())?;
+            http_client(cfg.timeout, cfg.ca_file.as_deref(), cfg.insecure_skip_verify, &Default::default())?;
         Ok(ScrapeSource {
             name: name.to_string(),
             client,
             scheme: cfg.scheme.clone(),
             path: cfg.path.clone(),
             concurrency: cfg.concurrency.max(1),
+            max_body_bytes: cfg.max_body_bytes,
             token: cfg.bearer_token.clone(),
             last_latency: Mutex::new(HashMap::new()),
         })
@@ -50,37 +85,61 @@ impl ScrapeSource {
     async fn fetch(
         &self,
         member: &MemberId,
+        wanted: Wanted,
         token: Option<&str>,
-    ) -> Result<(Exposition, Instant), SourceError> {
+    ) -> Result<(Reading, Instant), Failure> {
         let url = format!("{}://{}{}", self.scheme, member, self.path);
         let what = format!("scrape source {:?} member {member}", self.name);
+        let transport = |e: reqwest::Error| {
+            let reason = if e.is_timeout() { FailureReason::Timeout } else { FailureReason::Unreachable };
+            (reason, SourceError::Unreachable { what: what.clone(), detail: describe(&e) })
+        };
         let mut req = self.client.get(&url);
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| SourceError::Unreachable { what: what.clone(), detail: describe(&e) })?;
+        let mut resp = req.send().await.map_err(transport)?;
         let status = resp.status();
         if !status.is_success() {
-            return Err(SourceError::Http { what, status: status.as_u16(), detail: status.to_string() });
+            return Err((
+                FailureReason::HttpStatus,
+                SourceError::Http { what, status: status.as_u16(), detail: status.to_string() },
+            ));
         }
-        let body = resp
-            .text()
-            .await
-            .map_err(|e| SourceError::Unreachable { what: what.clone(), detail: describe(&e) })?;
+        let too_large = || {
+            (
+                FailureReason::TooLarge,
+                SourceError::TooLarge { what: what.clone(), limit: self.max_body_bytes },
+            )
+        };
+        if resp.content_length().is_some_and(|n| n > self.max_body_bytes as u64) {
+            return Err(too_large());
+        }
+        let mut reader = Reader::new(wanted, self.max_body_bytes);
+        let unreadable = |e: ReadError| match e {
+            ReadError::TooLarge { .. } => too_large(),
+            e @ ReadError::Malformed { .. } => (
+                FailureReason::Unreadable,
+                SourceError::Malformed { what: what.clone(), detail: e.to_string() },
+            ),
+        };
+        // Scanned as it arrives: each chunk costs microseconds, and between chunks the task yields,
+        // so the client timeout and the cycle deadline apply to a slow or huge page.
+        while let Some(chunk) = resp.chunk().await.map_err(transport)? {
+            reader.feed(&chunk).map_err(unreadable)?;
+        }
         let at = Instant::now();
-        let parsed = parse(&body).map_err(|detail| SourceError::Malformed { what, detail })?;
-        Ok((parsed, at))
+        let reading = reader.finish().map_err(unreadable)?;
+        Ok((reading, at))
     }
 
     async fn fetch_one<'a>(
         &self,
         m: &'a MemberId,
+        wanted: Wanted,
         token: Option<&str>,
-    ) -> (&'a MemberId, Result<(Exposition, Instant), SourceError>) {
-        (m, self.fetch(m, token).await)
+    ) -> (&'a MemberId, Result<(Reading, Instant), Failure>) {
+        (m, self.fetch(m, wanted, token).await)
     }
 
     pub async fn sample(&self, pools: &[&PoolQuery]) -> Vec<Result<Snapshot, SourceError>> {
@@ -88,125 +147,103 @@ impl ScrapeSource {
             Ok(t) => t,
             Err(e) => return pools.iter().map(|_| Err(SourceError::Config(e.clone()))).collect(),
         };
-        // Each member once, even when it is in several pools.
-        let distinct: BTreeSet<&MemberId> = pools.iter().flat_map(|p| p.members.iter()).collect();
+        // Each member once, even when it is in several pools; read for the names all of them need.
+        let mut wants: HashMap<&MemberId, Wanted> = HashMap::new();
+        for p in pools {
+            for m in &p.members {
+                wanted(&p.names, wants.entry(m).or_default());
+            }
+        }
+        let distinct: BTreeSet<&MemberId> = wants.keys().copied().collect();
         // Futures built in a loop, not a closure: closures returning borrowing futures make callers'
         // futures !Send.
         let mut fetches = Vec::with_capacity(distinct.len());
         for m in distinct {
-            fetches.push(self.fetch_one(m, token.as_deref()));
+            let w = wants.remove(m).unwrap_or_default();
+            fetches.push(self.fetch_one(m, w, token.as_deref()));
         }
-        let fetched: HashMap<&MemberId, Result<(Exposition, Instant), SourceError>> =
+        let fetched: HashMap<&MemberId, Result<(Reading, Instant), Failure>> =
             stream::iter(fetches).buffer_unordered(self.concurrency).collect().await;
         for (m, r) in &fetched {
-            if let Err(e) = r {
+            if let Err((_, e)) = r {
                 tracing::debug!(source = %self.name, member = %m, error = %e, "scrape failed");
             }
         }
         let mut last = self.last_latency.lock().unwrap_or_else(|p| p.into_inner());
-        pools
-            .iter()
-            .map(|pool| {
-                // Only when no member of the pool answered is the source "down" for it; single failures
-                // are members without data.
-                if !pool.members.is_empty()
-                    && pool.members.iter().all(|m| matches!(fetched.get(m), Some(Err(_))))
-                {
-                    let first =
-                        pool.members.iter().find_map(|m| fetched.get(m).and_then(|r| r.as_ref().err()));
-                    if let Some(e) = first {
-                        return Err(e.clone());
-                    }
-                }
-                let mut values = SignalValues::new();
-                let mut ages: HashMap<&MemberId, Duration> = HashMap::new();
-                for m in &pool.members {
-                    let Some(Ok((expo, at))) = fetched.get(m) else { continue };
-                    ages.insert(m, at.elapsed());
-                    let mut put = |s: Signal, v: Option<f64>| {
-                        if let Some(v) = v {
-                            values.entry(s).or_default().insert(m.clone(), v);
-                        }
-                    };
-                    put(Signal::Waiting, first_of(expo, &pool.names.waiting, Agg::Sum));
-                    put(Signal::Running, first_of(expo, &pool.names.running, Agg::Sum));
-                    put(Signal::KvUsage, first_of(expo, &pool.names.kv_usage, Agg::Mean));
-                    if let Some((hist, sum, count)) = histogram_totals(expo, &pool.names.latency_histogram) {
-                        let key = (m.clone(), hist);
-                        if let Some((s0, c0)) = last.insert(key, (sum, count)) {
-                            let dc = count - c0;
-                            // A counter that went down means the server restarted: no rate this time.
-                            if dc > 0.0 && sum >= s0 {
-                                put(Signal::Latency, Some((sum - s0) / dc));
-                            }
-                        }
-                    }
-                }
-                Ok(assemble(&pool.members, &values, |m, _| ages.get(m).copied().unwrap_or_default()))
-            })
-            .collect()
+        pools.iter().map(|pool| pool_snapshot(pool, &fetched, &mut last)).collect()
     }
 }
 
-/// Parse Prometheus text exposition.
-pub fn parse(body: &str) -> Result<Exposition, String> {
-    // The parser wants a final newline, which some exporters omit.
-    if body.ends_with('\n') {
-        openmetrics_parser::prometheus::parse_prometheus(body).map_err(|e| e.to_string())
-    } else {
-        openmetrics_parser::prometheus::parse_prometheus(&format!("{body}\n")).map_err(|e| e.to_string())
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Agg {
-    Sum,
-    Mean,
-}
-
-fn scalar(v: &PrometheusValue) -> Option<f64> {
-    match v {
-        PrometheusValue::Gauge(n) | PrometheusValue::Unknown(n) => Some(n.as_f64()),
-        PrometheusValue::Counter(c) => Some(c.value.as_f64()),
-        PrometheusValue::Histogram(_) | PrometheusValue::Summary(_) => None,
-    }
-}
-
-/// The value of the first metric name present, aggregated over its series (engines).
-fn first_of(expo: &Exposition, names: &[String], agg: Agg) -> Option<f64> {
-    names.iter().find_map(|name| {
-        let fam = expo.families.get(name)?;
-        let vals: Vec<f64> = fam.iter_samples().filter_map(|s| scalar(&s.value)).collect();
-        if vals.is_empty() {
-            return None;
+fn pool_snapshot(
+    pool: &PoolQuery,
+    fetched: &HashMap<&MemberId, Result<(Reading, Instant), Failure>>,
+    last: &mut HashMap<(MemberId, String), (f64, f64)>,
+) -> Result<Snapshot, SourceError> {
+    // Only when no member of the pool answered is the source "down" for it; single failures are
+    // members without data, listed in `failures`.
+    if !pool.members.is_empty() && pool.members.iter().all(|m| matches!(fetched.get(m), Some(Err(_)))) {
+        let first = pool.members.iter().find_map(|m| fetched.get(m).and_then(|r| r.as_ref().err()));
+        if let Some((_, e)) = first {
+            return Err(e.clone());
         }
-        let sum: f64 = vals.iter().sum();
-        Some(match agg {
-            Agg::Sum => sum,
-            Agg::Mean => sum / vals.len() as f64,
-        })
-    })
-}
-
-/// `(name, sum, count)` of the first latency histogram present, summed over its series.
-fn histogram_totals(expo: &Exposition, names: &[String]) -> Option<(String, f64, f64)> {
-    names.iter().find_map(|name| {
-        let fam = expo.families.get(name)?;
-        let (mut sum, mut count, mut any) = (0.0, 0.0, false);
-        for s in fam.iter_samples() {
-            if let PrometheusValue::Histogram(h) = &s.value {
-                sum += h.sum.as_ref().map(|n| n.as_f64()).unwrap_or(0.0);
-                count += h.count.unwrap_or(0) as f64;
-                any = true;
+    }
+    let mut values = SignalValues::new();
+    let mut ages: HashMap<&MemberId, Duration> = HashMap::new();
+    let mut failures = Vec::new();
+    for m in &pool.members {
+        let (reading, at) = match fetched.get(m) {
+            Some(Ok(r)) => r,
+            Some(Err((reason, e))) => {
+                failures.push(MemberFailure { member: m.clone(), reason: *reason, detail: e.to_string() });
+                continue;
+            }
+            None => continue,
+        };
+        ages.insert(m, at.elapsed());
+        let mut put = |s: Signal, v: Option<f64>| {
+            if let Some(v) = v {
+                values.entry(s).or_default().insert(m.clone(), v);
+            }
+        };
+        // The first name present wins: one profile reads servers on both sides of a rename.
+        let first = |names: &[String]| names.iter().find_map(|n| reading.get(n));
+        let waiting = first(&pool.names.waiting);
+        let running = first(&pool.names.running);
+        put(Signal::Waiting, waiting.map(|t| t.sum));
+        put(Signal::Running, running.map(|t| t.sum));
+        put(Signal::KvUsage, first(&pool.names.kv_usage).map(|t| t.mean()));
+        if waiting.is_none() || running.is_none() {
+            let missing = if waiting.is_none() { &pool.names.waiting } else { &pool.names.running };
+            failures.push(MemberFailure {
+                member: m.clone(),
+                reason: FailureReason::NoSeries,
+                detail: format!("the metrics page has none of {missing:?}; is the pool's `profile` right?"),
+            });
+        }
+        let hist = pool.names.latency_histogram.iter().find_map(|h| {
+            let sum = reading.get(&format!("{h}_sum"))?;
+            let count = reading.get(&format!("{h}_count"))?;
+            Some((h.clone(), sum.sum, count.sum))
+        });
+        if let Some((hist, sum, count)) = hist {
+            if let Some((s0, c0)) = last.insert((m.clone(), hist), (sum, count)) {
+                let dc = count - c0;
+                // A counter that went down means the server restarted: no rate this time.
+                if dc > 0.0 && sum >= s0 {
+                    put(Signal::Latency, Some((sum - s0) / dc));
+                }
             }
         }
-        any.then(|| (name.clone(), sum, count))
-    })
+    }
+    let mut snap = assemble(&pool.members, &values, |m, _| ages.get(m).copied().unwrap_or_default());
+    snap.failures = failures;
+    Ok(snap)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::exposition::read;
 
     const VLLM_TEXT: &str = r#"# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
 # TYPE vllm:num_requests_waiting gauge
@@ -230,33 +267,79 @@ vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 8.0
 vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 4.0
 "#;
 
-    fn names() -> crate::source::profile::MetricNames {
+    fn names() -> MetricNames {
         crate::source::profile::ProfileName::Vllm.metric_names()
     }
 
+    fn pool(members: &[&str]) -> PoolQuery {
+        PoolQuery {
+            members: members.iter().map(|m| MemberId::from(*m)).collect(),
+            names: names(),
+            queries: vec![],
+            join: super::super::Join::new(&Default::default()).expect("join"),
+        }
+    }
+
+    fn reading(text: &str) -> Reading {
+        let mut w = Wanted::default();
+        wanted(&names(), &mut w);
+        read(text.as_bytes(), w, 1 << 20).expect("reads")
+    }
+
     #[test]
-    fn vllm_text_sums_engines_and_averages_kv() {
-        let e = parse(VLLM_TEXT).expect("parses");
-        let n = names();
-        assert_eq!(first_of(&e, &n.waiting, Agg::Sum), Some(5.0));
-        assert_eq!(first_of(&e, &n.running, Agg::Sum), Some(16.0));
-        let kv = first_of(&e, &n.kv_usage, Agg::Mean).expect("kv");
-        assert!((kv - 0.6).abs() < 1e-9);
-        assert_eq!(
-            histogram_totals(&e, &n.latency_histogram),
-            Some(("vllm:e2e_request_latency_seconds".into(), 8.0, 4.0))
+    fn vllm_text_sums_engines_averages_kv_and_rates_latency() {
+        let page = reading(VLLM_TEXT);
+        let later = reading(
+            &VLLM_TEXT
+                .replace(
+                    "_sum{engine=\"0\",model_name=\"m\"} 8.0",
+                    "_sum{engine=\"0\",model_name=\"m\"} 20.0",
+                )
+                .replace(
+                    "_count{engine=\"0\",model_name=\"m\"} 4.0",
+                    "_count{engine=\"0\",model_name=\"m\"} 8.0",
+                ),
         );
+        let p = pool(&["a:1"]);
+        let m = MemberId::from("a:1");
+        let mut last = HashMap::new();
+        let first: HashMap<&MemberId, Result<(Reading, Instant), Failure>> =
+            [(&m, Ok((page, Instant::now())))].into_iter().collect();
+        let snap = pool_snapshot(&p, &first, &mut last).expect("snapshot");
+        let s = snap.members[&m].as_ref().expect("sample");
+        assert_eq!((s.waiting, s.running), (5.0, 16.0));
+        assert!((s.kv_usage.expect("kv") - 0.6).abs() < 1e-9);
+        assert_eq!(s.latency, None, "needs two scrapes");
+        let second: HashMap<&MemberId, Result<(Reading, Instant), Failure>> =
+            [(&m, Ok((later, Instant::now())))].into_iter().collect();
+        let snap = pool_snapshot(&p, &second, &mut last).expect("snapshot");
+        assert_eq!(snap.members[&m].as_ref().expect("sample").latency, Some(3.0), "(20-8)/(8-4)");
+        assert!(snap.failures.is_empty());
     }
 
     #[test]
     fn legacy_kv_name_is_read_when_the_new_one_is_absent() {
-        let text = "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name=\"m\"} 0.25";
-        let e = parse(text).expect("parses without final newline");
-        assert_eq!(first_of(&e, &names().kv_usage, Agg::Mean), Some(0.25));
+        let r = reading("vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.25");
+        assert_eq!(names().kv_usage.iter().find_map(|n| r.get(n)).map(|t| t.mean()), Some(0.25));
     }
 
     #[test]
-    fn garbage_is_an_error_not_a_panic() {
-        assert!(parse("vllm:num_requests_waiting{engine=\"0\" 3\n").is_err());
+    fn failed_members_are_listed_with_their_reason_and_the_rest_still_read() {
+        let p = pool(&["a:1", "b:1", "c:1"]);
+        let (a, b, c) = (MemberId::from("a:1"), MemberId::from("b:1"), MemberId::from("c:1"));
+        let too_large = SourceError::TooLarge { what: "member b:1".into(), limit: 10 };
+        let fetched: HashMap<&MemberId, Result<(Reading, Instant), Failure>> = [
+            (&a, Ok((reading(VLLM_TEXT), Instant::now()))),
+            (&b, Err((FailureReason::TooLarge, too_large))),
+            (&c, Ok((reading("unrelated_metric 1\n"), Instant::now()))),
+        ]
+        .into_iter()
+        .collect();
+        let snap = pool_snapshot(&p, &fetched, &mut HashMap::new()).expect("one member answered");
+        assert!(snap.members[&a].is_some());
+        assert!(snap.members[&b].is_none() && snap.members[&c].is_none());
+        let got: Vec<_> = snap.failures.iter().map(|f| (f.member.as_str(), f.reason.as_str())).collect();
+        assert_eq!(got, vec![("b:1", "too_large"), ("c:1", "no_series")]);
+        assert!(snap.failures[0].detail.contains("more than 10 bytes"), "{:?}", snap.failures);
     }
 }

@@ -119,6 +119,7 @@ impl BenchControl {
                 })
                 .collect(),
             rejected: vec![],
+            failures: vec![],
         }
     }
 

@@ -12,10 +12,18 @@
 //! Ratios map to weights 1..=256 as [`weights`] describes; weight 0 (drain) only with `allow_drain`, and
 //! never on every server of the backend at once.
 //!
+//! Several HAProxy instances serving the same backend (router replicas, an HA pair) are listed in
+//! `addresses`: each is read and weighted on its own, concurrently, so one that is down or slow does
+//! not block the others; the cycle succeeds when at least one instance took the weights, and each
+//! instance's outcome is kept ([`HaproxySink::instance_outcomes`]) and named in the warnings.
+//! The sink holds no retry state: every `apply` tries every instance, so an instance that is back
+//! is weighted on the next cycle.
+//!
 //! ```yaml
 //! sink:
 //!   kind: haproxy
 //!   address: unix:/var/run/haproxy/admin.sock   # or 127.0.0.1:9999
+//!   # addresses: [10.0.0.5:9999, 10.0.0.6:9999] # several instances of the same backend
 //!   backend: llm
 //! ```
 
@@ -31,6 +39,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::join_all;
 use serde::Deserialize;
 
 pub use agent::{AgentHandle, AgentResponder};
@@ -60,6 +69,10 @@ pub struct HaproxyConfig {
     /// optional in `agent` mode (then used only to read membership and weights).
     #[serde(default)]
     pub address: Option<String>,
+    /// More runtime API addresses, one per HAProxy instance serving the same backend; each instance
+    /// gets the weights. May be used instead of, or next to, `address`.
+    #[serde(default)]
+    pub addresses: Vec<String>,
     /// Backend whose servers get the weights.
     pub backend: String,
     /// How members find their server: `address` (default) or `name`.
@@ -96,6 +109,7 @@ impl HaproxyConfig {
         HaproxyConfig {
             mode: HaproxyMode::RuntimeApi,
             address: Some(address.into()),
+            addresses: Vec::new(),
             backend: backend.into(),
             match_by: MatchBy::default(),
             timeout: default_timeout(),
@@ -127,12 +141,27 @@ impl HaproxyConfig {
                 format!("`{}`: HAProxy names hold only letters, digits, '-', '_', '.', ':'", self.backend),
             );
         }
-        match (&self.address, self.mode) {
-            (Some(a), _) => {
-                if let Err(e) = RuntimeAddr::parse(a) {
-                    err("address", e);
+        let mut seen = BTreeSet::new();
+        for (i, a) in self.addresses.iter().enumerate() {
+            match RuntimeAddr::parse(a) {
+                Ok(parsed) => {
+                    if !seen.insert(parsed.to_string()) {
+                        err(&format!("addresses[{i}]"), format!("`{a}` is listed twice"));
+                    }
                 }
+                Err(e) => err(&format!("addresses[{i}]"), e),
             }
+        }
+        match (&self.address, self.mode) {
+            (Some(a), _) => match RuntimeAddr::parse(a) {
+                Ok(parsed) => {
+                    if seen.contains(&parsed.to_string()) {
+                        err("address", format!("`{a}` is also in `addresses`"));
+                    }
+                }
+                Err(e) => err("address", e),
+            },
+            (None, _) if !self.addresses.is_empty() => {}
             (None, HaproxyMode::RuntimeApi) => err(
                 "address",
                 "required with mode runtime-api: `unix:/var/run/haproxy/admin.sock` or `127.0.0.1:9999`, matching \
@@ -168,6 +197,11 @@ impl HaproxyConfig {
         errs
     }
 
+    /// Every runtime API address: `address` first, then `addresses`.
+    pub fn runtime_addresses(&self) -> impl Iterator<Item = &String> {
+        self.address.iter().chain(&self.addresses)
+    }
+
     fn weight_map(&self) -> WeightMap {
         WeightMap { ratio_max: self.ratio_max, max_weight: self.max_weight, allow_drain: self.allow_drain }
     }
@@ -179,7 +213,10 @@ pub struct HaproxySink {
     pool: String,
     match_by: MatchBy,
     map: WeightMap,
-    runtime: Option<RuntimeClient>,
+    /// One client per HAProxy instance (empty in agent mode without addresses).
+    runtimes: Vec<RuntimeClient>,
+    /// Per instance, what the last `apply` did there.
+    outcomes: Mutex<Vec<InstanceOutcome>>,
     agent: Option<AgentHandle>,
     /// Per member, the ratio last applied and the weight it became. `current()` reports that ratio
     /// while HAProxy still holds that weight, so the controller's "LB already has desired" check is
@@ -195,12 +232,10 @@ impl HaproxySink {
             let list: Vec<String> = problems.iter().map(|(f, m)| format!("{f}: {m}")).collect();
             return Err(SinkError::Config(format!("haproxy sink of pool {pool}: {}", list.join("; "))));
         }
-        let runtime = match &cfg.address {
-            Some(a) => {
-                Some(RuntimeClient::new(RuntimeAddr::parse(a).map_err(SinkError::Config)?, cfg.timeout))
-            }
-            None => None,
-        };
+        let runtimes = cfg
+            .runtime_addresses()
+            .map(|a| Ok(RuntimeClient::new(RuntimeAddr::parse(a).map_err(SinkError::Config)?, cfg.timeout)))
+            .collect::<Result<Vec<_>, SinkError>>()?;
         let agent = match (cfg.mode, &cfg.agent_listen) {
             (HaproxyMode::Agent, Some(listen)) => Some(bind_agent(listen, pool)?),
             _ => None,
@@ -210,7 +245,8 @@ impl HaproxySink {
             pool: pool.to_string(),
             match_by: cfg.match_by,
             map: cfg.weight_map(),
-            runtime,
+            runtimes,
+            outcomes: Mutex::default(),
             agent,
             last: Mutex::default(),
         })
@@ -225,21 +261,40 @@ impl HaproxySink {
         self.agent.as_ref().map(|a| a.local_addr())
     }
 
-    /// The runtime API client, when an `address` is configured.
+    /// The first runtime API client, when an address is configured.
     pub fn runtime(&self) -> Option<&RuntimeClient> {
-        self.runtime.as_ref()
+        self.runtimes.first()
+    }
+
+    /// One runtime API client per configured HAProxy instance.
+    pub fn runtimes(&self) -> &[RuntimeClient] {
+        &self.runtimes
+    }
+
+    /// What the last `apply` did on each HAProxy instance, in configuration order (empty before the
+    /// first `apply`, and in agent mode).
+    pub fn instance_outcomes(&self) -> Vec<InstanceOutcome> {
+        self.outcomes.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn target(&self) -> String {
-        match &self.runtime {
-            Some(r) => format!("haproxy backend {} via {} (pool {})", self.backend, r.addr(), self.pool),
-            None => format!("haproxy backend {} (pool {})", self.backend, self.pool),
+        match self.runtimes.as_slice() {
+            [] => format!("haproxy backend {} (pool {})", self.backend, self.pool),
+            [r] => self.target_for(r),
+            many => {
+                let list: Vec<String> = many.iter().map(|r| r.addr().to_string()).collect();
+                format!("haproxy backend {} via {} (pool {})", self.backend, list.join(", "), self.pool)
+            }
         }
     }
 
-    /// Re-label a runtime-client error with the backend and pool it concerns.
-    fn retarget(&self, e: SinkError) -> SinkError {
-        let target = self.target();
+    fn target_for(&self, rt: &RuntimeClient) -> String {
+        format!("haproxy backend {} via {} (pool {})", self.backend, rt.addr(), self.pool)
+    }
+
+    /// Re-label a runtime-client error with the backend, instance and pool it concerns.
+    fn retarget(&self, rt: &RuntimeClient, e: SinkError) -> SinkError {
+        let target = self.target_for(rt);
         match e {
             SinkError::Unreachable { detail, .. } => SinkError::Unreachable { target, detail },
             SinkError::Temporary { detail, .. } => SinkError::Temporary { target, detail },
@@ -250,34 +305,122 @@ impl HaproxySink {
     }
 
     async fn servers(&self, rt: &RuntimeClient) -> Result<Vec<state::ServerState>, SinkError> {
-        rt.servers_state(&self.backend).await.map_err(|e| self.retarget(e))
+        rt.servers_state(&self.backend).await.map_err(|e| self.retarget(rt, e))
     }
 
-    async fn apply_runtime(&self, rt: &RuntimeClient, desired: &Ratios) -> Result<Applied, SinkError> {
+    /// The servers of every instance, each read concurrently; an instance's failure is its own.
+    async fn servers_everywhere(&self) -> Vec<Result<Vec<state::ServerState>, SinkError>> {
+        // Futures built in a loop, not a closure: closures returning borrowing futures make callers'
+        // futures !Send.
+        let mut reads = Vec::with_capacity(self.runtimes.len());
+        for rt in &self.runtimes {
+            reads.push(self.servers(rt));
+        }
+        join_all(reads).await
+    }
+
+    /// Read, plan and push on one instance. Returns the plan's counts and which members it found.
+    async fn apply_instance(
+        &self,
+        rt: &RuntimeClient,
+        desired: &Ratios,
+    ) -> Result<(Applied, BTreeSet<MemberId>), SinkError> {
         let servers = self.servers(rt).await?;
         let plan = plan::plan(&servers, desired, &self.map, self.match_by, &self.backend)
-            .map_err(|detail| SinkError::Rejected { target: self.target(), detail })?;
+            .map_err(|detail| SinkError::Rejected { target: self.target_for(rt), detail })?;
         if !plan.pushes.is_empty() {
             let sets: Vec<(String, u32)> = plan.pushes.iter().map(|p| (p.server.clone(), p.to)).collect();
-            tracing::debug!(backend = %self.backend, pushes = ?plan.pushes, "haproxy: setting weights");
-            let refused = rt.set_weights(&self.backend, &sets).await.map_err(|e| self.retarget(e))?;
+            tracing::debug!(backend = %self.backend, instance = %rt.addr(), pushes = ?plan.pushes, "haproxy: setting weights");
+            let refused = rt.set_weights(&self.backend, &sets).await.map_err(|e| self.retarget(rt, e))?;
             if !refused.is_empty() {
-                return Err(self.refusal_error(&plan.pushes, &refused));
+                return Err(self.refusal_error(rt, &plan.pushes, &refused));
             }
+        }
+        let index = plan::ServerIndex::new(&servers);
+        let found = desired
+            .iter()
+            .filter(|(m, _)| !index.servers_for(m, self.match_by).is_empty())
+            .map(|(m, _)| m.clone())
+            .collect();
+        Ok((Applied { changed: plan.changed, unchanged: plan.unchanged, warnings: plan.warnings }, found))
+    }
+
+    async fn apply_runtime(&self, desired: &Ratios) -> Result<Applied, SinkError> {
+        let mut applies = Vec::with_capacity(self.runtimes.len());
+        for rt in &self.runtimes {
+            applies.push(self.apply_instance(rt, desired));
+        }
+        let results = join_all(applies).await;
+        *self.outcomes.lock().unwrap_or_else(|p| p.into_inner()) = self
+            .runtimes
+            .iter()
+            .zip(&results)
+            .map(|(rt, r)| InstanceOutcome {
+                address: rt.addr().to_string(),
+                ok: r.is_ok(),
+                changed: r.as_ref().map_or(0, |(a, _)| a.changed),
+                error: r.as_ref().err().map(|e| e.to_string()),
+            })
+            .collect();
+        let mut combined: Option<Applied> = None;
+        let mut found = BTreeSet::new();
+        let mut failures = Vec::new();
+        for (rt, r) in self.runtimes.iter().zip(results) {
+            match r {
+                Ok((a, f)) => {
+                    found.extend(f);
+                    combined = Some(match combined.take() {
+                        None => a,
+                        Some(mut c) => {
+                            // Members are counted once: changed where any instance changed them.
+                            c.changed = c.changed.max(a.changed);
+                            c.unchanged = c.unchanged.min(a.unchanged);
+                            for w in a.warnings {
+                                if !c.warnings.contains(&w) {
+                                    c.warnings.push(w);
+                                }
+                            }
+                            c
+                        }
+                    });
+                }
+                Err(e) => failures.push((rt, e)),
+            }
+        }
+        let Some(mut applied) = combined else {
+            // No instance took the weights: the push failed (the first error says why).
+            return Err(failures
+                .into_iter()
+                .next()
+                .map(|(_, e)| e)
+                .unwrap_or_else(|| SinkError::Config(format!("{}: no runtime API address", self.target()))));
+        };
+        for (rt, e) in failures {
+            applied.warnings.push(format!(
+                "haproxy instance {} not weighted this cycle ({} of {} instances were): {e}",
+                rt.addr(),
+                self.runtimes.len() - 1,
+                self.runtimes.len()
+            ));
         }
         self.remember(
             desired
                 .iter()
-                .filter(|(m, _)| !plan::servers_for(&servers, m, self.match_by).is_empty())
+                .filter(|(m, _)| found.contains(*m))
                 .map(|(m, r)| (m.clone(), (r, self.map.weight(r).weight)))
                 .collect(),
         );
-        Ok(Applied { changed: plan.changed, unchanged: plan.unchanged, warnings: plan.warnings })
+        Ok(applied)
     }
 
     /// One error for the `set` commands HAProxy refused, each with server, member and HAProxy's words.
-    fn refusal_error(&self, pushes: &[plan::Push], refused: &[runtime::Refusal]) -> SinkError {
-        let target = self.target();
+    fn refusal_error(
+        &self,
+        rt: &RuntimeClient,
+        pushes: &[plan::Push],
+        refused: &[runtime::Refusal],
+    ) -> SinkError {
+        let target = self.target_for(rt);
         let items: Vec<String> = refused
             .iter()
             .map(|r| {
@@ -341,6 +484,43 @@ impl HaproxySink {
     }
 }
 
+/// What the last `apply` did on one HAProxy instance: a per-instance health signal (e.g. a gauge
+/// `haproxy_instance_up{pool,instance}` and a counter of failures by instance).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceOutcome {
+    /// The runtime API address, as configured (`unix:/path` or `host:port`).
+    pub address: String,
+    /// The weights were read and every needed change accepted.
+    pub ok: bool,
+    /// Members whose weight changed on this instance.
+    pub changed: usize,
+    /// Why not, when not ok (never contains credentials: runtime API addresses have none).
+    pub error: Option<String>,
+}
+
+impl HaproxySink {
+    /// Ratios one instance holds: every server as `addr:port` (weights converted back through
+    /// `ratio_max`), plus every member of the last `apply` under its own id, reported as the ratio
+    /// applied while its servers still have the weight it became, else their weight converted back.
+    fn current_of(&self, servers: &[state::ServerState], last: &BTreeMap<MemberId, (u32, u32)>) -> Ratios {
+        let mut out = Ratios::default();
+        for s in servers {
+            if let Some(id) = s.member_id() {
+                out.0.entry(id).or_insert(self.map.ratio(s.weight));
+            }
+        }
+        let index = plan::ServerIndex::new(servers);
+        for (member, (ratio, weight)) in last {
+            let found = index.servers_for(member, self.match_by);
+            let Some(first) = found.first() else { continue };
+            let value =
+                if found.iter().all(|s| s.weight == *weight) { *ratio } else { self.map.ratio(first.weight) };
+            out.0.insert(member.clone(), value);
+        }
+        out
+    }
+}
+
 fn hint(message: &str) -> &'static str {
     if message.contains("static LB algorithm") {
         " (weights of a static-rr or map-based hash backend cannot change at runtime; use `balance roundrobin` \
@@ -387,42 +567,83 @@ impl RatioSink for HaproxySink {
 
     /// The backend's servers as `addr:port`, from `show servers state`. Servers without an address yet
     /// (unresolved `server-template` slots) are left out.
+    /// With several instances: the union over those that answered (an error only when none did).
     async fn members(&self) -> Result<Option<Vec<MemberId>>, SinkError> {
-        let Some(rt) = &self.runtime else { return Ok(None) };
-        let servers = self.servers(rt).await?;
-        let ids: BTreeSet<MemberId> = servers.iter().filter_map(|s| s.member_id()).collect();
-        Ok(Some(ids.into_iter().collect()))
+        if self.runtimes.is_empty() {
+            return Ok(None);
+        }
+        let mut ids: BTreeSet<MemberId> = BTreeSet::new();
+        let mut first_err = None;
+        let mut any = false;
+        for r in self.servers_everywhere().await {
+            match r {
+                Ok(servers) => {
+                    any = true;
+                    ids.extend(servers.iter().filter_map(|s| s.member_id()));
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match (any, first_err) {
+            (false, Some(e)) => Err(e),
+            _ => Ok(Some(ids.into_iter().collect())),
+        }
     }
 
     /// Ratios HAProxy holds now: every server as `addr:port` (weights converted back through
     /// `ratio_max`), plus every member of the last `apply` under its own id, reported as the ratio
     /// applied while its servers still have the weight it became, else as their weight converted back.
     /// In agent mode without `address`: `None` (the agent cannot see what HAProxy applied).
+    ///
+    /// With several instances, each answering instance is read; where they disagree on a member, the
+    /// value that is not the one last applied is reported, so drift on any instance shows.
     async fn current(&self) -> Result<Option<Ratios>, SinkError> {
-        let Some(rt) = &self.runtime else { return Ok(None) };
-        let servers = self.servers(rt).await?;
-        let mut out = Ratios::default();
-        for s in &servers {
-            if let Some(id) = s.member_id() {
-                out.0.entry(id).or_insert(self.map.ratio(s.weight));
-            }
+        if self.runtimes.is_empty() {
+            return Ok(None);
         }
         let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for (member, (ratio, weight)) in last {
-            let found = plan::servers_for(&servers, &member, self.match_by);
-            let Some(first) = found.first() else { continue };
-            let value =
-                if found.iter().all(|s| s.weight == weight) { ratio } else { self.map.ratio(first.weight) };
-            out.0.insert(member, value);
+        let mut out: Option<Ratios> = None;
+        let mut first_err = None;
+        for r in self.servers_everywhere().await {
+            let servers = match r {
+                Ok(s) => s,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    continue;
+                }
+            };
+            let here = self.current_of(&servers, &last);
+            match &mut out {
+                None => out = Some(here),
+                Some(acc) => {
+                    for (m, v) in here.iter() {
+                        match acc.0.get(m) {
+                            None => {
+                                acc.0.insert(m.clone(), v);
+                            }
+                            Some(&seen) if seen != v && last.get(m).map(|l| l.0) == Some(seen) => {
+                                acc.0.insert(m.clone(), v);
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                }
+            }
         }
-        Ok(Some(out))
+        match (out, first_err) {
+            (Some(r), _) => Ok(Some(r)),
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(None),
+        }
     }
 
     async fn apply(&self, desired: &Ratios) -> Result<Applied, SinkError> {
-        match (&self.agent, &self.runtime) {
+        match (&self.agent, self.runtimes.is_empty()) {
             (Some(agent), _) => self.apply_agent(agent, desired),
-            (None, Some(rt)) => self.apply_runtime(rt, desired).await,
-            (None, None) => Err(SinkError::Config(format!(
+            (None, false) => self.apply_runtime(desired).await,
+            (None, true) => Err(SinkError::Config(format!(
                 "{}: neither a runtime API address nor an agent",
                 self.target()
             ))),
@@ -468,6 +689,20 @@ mod tests {
         assert!(
             serde_json::from_value::<HaproxyConfig>(serde_json::json!({"backend": "b", "typo": 1})).is_err()
         );
+    }
+
+    #[test]
+    fn several_addresses_replace_or_join_address_and_are_checked() {
+        let c =
+            parse(serde_json::json!({"addresses": ["unix:/run/a.sock", "10.0.0.5:9999"], "backend": "llm"}));
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        assert_eq!(c.runtime_addresses().count(), 2);
+        let c = parse(serde_json::json!({
+            "address": "10.0.0.5:9999", "addresses": ["nowhere", "10.0.0.6:9999", "10.0.0.6:9999", "10.0.0.5:9999"],
+            "backend": "llm"
+        }));
+        let fields: Vec<String> = c.validate().into_iter().map(|(f, _)| f).collect();
+        assert_eq!(fields, vec!["addresses[0]", "addresses[2]", "address"]);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! Pure: the runtime API is read before and written after, elsewhere.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::net::IpAddr;
 
 use serde::Deserialize;
 
@@ -46,19 +47,76 @@ pub struct Plan {
 }
 
 /// The servers `member` stands for. Several servers may share one address; all of them follow it.
+/// Builds an index each call: for many members, build one [`ServerIndex`] and ask it.
 pub fn servers_for<'a>(servers: &'a [ServerState], member: &MemberId, by: MatchBy) -> Vec<&'a ServerState> {
-    let host_port = member.host_port();
-    if by == MatchBy::Name {
-        let host = host_port.map(|(h, _)| h);
-        let named: Vec<_> =
-            servers.iter().filter(|s| s.name == member.as_str() || Some(s.name.as_str()) == host).collect();
-        if !named.is_empty() {
-            return named;
+    ServerIndex::new(servers).servers_for(member, by)
+}
+
+/// A backend's servers indexed by parsed IP, by host name (address text and configured FQDN) and by
+/// server name, built once per read so that matching N members costs O(N), not O(N x servers)
+/// with an address parse in each comparison.
+pub struct ServerIndex<'a> {
+    servers: &'a [ServerState],
+    by_ip: HashMap<(IpAddr, u16), Vec<usize>>,
+    /// Lower-cased `srv_addr` text and `srv_fqdn`, with the port.
+    by_host: HashMap<(String, u16), Vec<usize>>,
+    by_name: HashMap<&'a str, Vec<usize>>,
+}
+
+impl<'a> ServerIndex<'a> {
+    pub fn new(servers: &'a [ServerState]) -> Self {
+        let mut ix = ServerIndex {
+            servers,
+            by_ip: HashMap::with_capacity(servers.len()),
+            by_host: HashMap::with_capacity(servers.len()),
+            by_name: HashMap::with_capacity(servers.len()),
+        };
+        for (i, s) in servers.iter().enumerate() {
+            ix.by_name.entry(s.name.as_str()).or_default().push(i);
+            if let Ok(ip) = s.addr.parse::<IpAddr>() {
+                ix.by_ip.entry((ip, s.port)).or_default().push(i);
+            }
+            ix.by_host.entry((s.addr.to_ascii_lowercase(), s.port)).or_default().push(i);
+            if let Some(f) = &s.fqdn {
+                let key = (f.to_ascii_lowercase(), s.port);
+                let list = ix.by_host.entry(key).or_default();
+                if list.last() != Some(&i) {
+                    list.push(i);
+                }
+            }
         }
+        ix
     }
-    match host_port {
-        Some((host, port)) => servers.iter().filter(|s| s.has_address(host, port)).collect(),
-        None => Vec::new(),
+
+    pub fn servers(&self) -> &'a [ServerState] {
+        self.servers
+    }
+
+    /// Same rules as [`ServerState::has_address`] (any spelling of the same IP, or the hostname
+    /// it was configured with) and, with [`MatchBy::Name`], the server name first.
+    pub fn servers_for(&self, member: &MemberId, by: MatchBy) -> Vec<&'a ServerState> {
+        let host_port = member.host_port();
+        let mut found: Vec<usize> = Vec::new();
+        if by == MatchBy::Name {
+            found.extend(self.by_name.get(member.as_str()).into_iter().flatten());
+            if let Some((host, _)) = host_port {
+                if host != member.as_str() {
+                    found.extend(self.by_name.get(host).into_iter().flatten());
+                }
+            }
+        }
+        if found.is_empty() {
+            if let Some((host, port)) = host_port {
+                if let Ok(ip) = host.parse::<IpAddr>() {
+                    found.extend(self.by_ip.get(&(ip, port)).into_iter().flatten());
+                }
+                found.extend(self.by_host.get(&(host.to_ascii_lowercase(), port)).into_iter().flatten());
+            }
+        }
+        // In backend order, each server once.
+        found.sort_unstable();
+        found.dedup();
+        found.into_iter().map(|i| &self.servers[i]).collect()
     }
 }
 
@@ -70,11 +128,12 @@ pub fn plan(
     backend: &str,
 ) -> Result<Plan, String> {
     let mut plan = Plan::default();
+    let index = ServerIndex::new(servers);
     // server name -> member that claimed it, so two members never fight over one server.
-    let mut claimed: BTreeMap<&str, &MemberId> = BTreeMap::new();
+    let mut claimed: HashMap<&str, &MemberId> = HashMap::new();
 
     for (member, ratio) in desired.iter() {
-        let found = servers_for(servers, member, by);
+        let found = index.servers_for(member, by);
         if found.is_empty() {
             plan.warnings.push(format!(
                 "member {member} has no server in HAProxy backend {backend} (matched by {}; the backend has {}); \
@@ -124,8 +183,8 @@ pub fn plan(
 
     // Never leave the whole backend at weight 0: HAProxy would stop sending new requests anywhere.
     if plan.pushes.iter().any(|p| p.to == 0) && !servers.is_empty() {
-        let after =
-            |s: &ServerState| plan.pushes.iter().find(|p| p.server == s.name).map_or(s.weight, |p| p.to);
+        let pushed: HashMap<&str, u32> = plan.pushes.iter().map(|p| (p.server.as_str(), p.to)).collect();
+        let after = |s: &ServerState| pushed.get(s.name.as_str()).copied().unwrap_or(s.weight);
         if servers.iter().all(|s| after(s) == 0) {
             return Err(format!(
                 "refusing to set weight 0 on every server of backend {backend}: HAProxy would send new requests \
@@ -245,6 +304,83 @@ mod tests {
             plan(&servers, &ratios(&[("10.0.0.1:80", 0), ("10.0.0.2:80", 0)]), &MAP, MatchBy::Address, "be")
                 .unwrap();
         assert!(p.pushes.iter().all(|p| p.to == 1));
+    }
+
+    #[test]
+    fn ten_thousand_servers_plan_in_linear_time() {
+        let n = 10_000u32;
+        let servers: Vec<ServerState> = (0..n)
+            .map(|i| {
+                srv(&format!("s{i}"), &format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255), 8000, 1)
+            })
+            .collect();
+        let desired: Ratios = (0..n)
+            .map(|i| (MemberId(format!("10.{}.{}.{}:8000", i >> 16, (i >> 8) & 255, i & 255)), 1 + i % 50))
+            .collect();
+        let started = std::time::Instant::now();
+        let p = plan(&servers, &desired, &MAP, MatchBy::Address, "be").unwrap();
+        let took = started.elapsed();
+        println!("planned {n} servers x {n} members in {took:?}");
+        assert_eq!(p.changed + p.unchanged, n as usize);
+        assert_eq!(p.pushes.len(), (n - n / 50) as usize, "every member not already at 1");
+        assert!(p.warnings.is_empty());
+        // Quadratic matching (a scan with an address parse per server per member) took seconds here;
+        // the bound is loose for debug builds on a shared machine.
+        assert!(took < std::time::Duration::from_millis(500), "{took:?}");
+        // Draining one member does not make the all-zero check quadratic either.
+        let drain = WeightMap { allow_drain: true, ..MAP };
+        let mut zeros = desired.clone();
+        zeros.0.insert(MemberId("10.0.0.0:8000".into()), 0);
+        let started = std::time::Instant::now();
+        plan(&servers, &zeros, &drain, MatchBy::Name, "be").unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_millis(500), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn index_matches_like_has_address() {
+        let mut named = srv("web", "10.0.0.5", 80, 1);
+        named.fqdn = Some("Web.Example".into());
+        let servers =
+            [srv("a", "::1", 80, 1), srv("b", "127.0.0.1", 80, 1), named, srv("c", "127.0.0.1", 81, 1)];
+        let ix = ServerIndex::new(&servers);
+        let names = |m: &str, by| {
+            ix.servers_for(&MemberId::from(m), by).iter().map(|s| s.name.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(names("[0:0:0:0:0:0:0:1]:80", MatchBy::Address), vec!["a"]);
+        assert_eq!(names("127.0.0.1:80", MatchBy::Address), vec!["b"]);
+        assert_eq!(names("web.example:80", MatchBy::Address), vec!["web"]);
+        assert_eq!(names("web:80", MatchBy::Name), vec!["web"]);
+        assert_eq!(names("web:80", MatchBy::Address), Vec::<String>::new());
+        assert_eq!(names("127.0.0.1:82", MatchBy::Address), Vec::<String>::new());
+        // Every member/server pair agrees with the scan it replaces.
+        for m in ["::1:80", "[::1]:80", "127.0.0.1:81", "WEB.EXAMPLE:80", "10.0.0.5:80", "b:80", "a"] {
+            let member = MemberId::from(m);
+            for by in [MatchBy::Address, MatchBy::Name] {
+                let scan: Vec<&str> = match (by, member.host_port()) {
+                    (_, None) if by == MatchBy::Address => vec![],
+                    _ => {
+                        let named: Vec<&str> = servers
+                            .iter()
+                            .filter(|s| {
+                                by == MatchBy::Name
+                                    && (s.name == m
+                                        || Some(s.name.as_str()) == member.host_port().map(|h| h.0))
+                            })
+                            .map(|s| s.name.as_str())
+                            .collect();
+                        if !named.is_empty() {
+                            named
+                        } else if let Some((h, p)) = member.host_port() {
+                            servers.iter().filter(|s| s.has_address(h, p)).map(|s| s.name.as_str()).collect()
+                        } else {
+                            vec![]
+                        }
+                    }
+                };
+                let got: Vec<&str> = ix.servers_for(&member, by).iter().map(|s| s.name.as_str()).collect();
+                assert_eq!(got, scan, "{m} {by:?}");
+            }
+        }
     }
 
     #[test]
