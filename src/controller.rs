@@ -45,6 +45,8 @@ struct PoolRuntime {
     last_warnings: Vec<String>,
     /// Member discovery is failing (logged once per change).
     discovery_failing: bool,
+    /// Members that could not be read last cycle, and why (warned once per change).
+    failing: BTreeMap<MemberId, &'static str>,
     /// "This replica leads"; `None` means always (no election).
     leader: Option<tokio::sync::watch::Receiver<bool>>,
 }
@@ -138,6 +140,7 @@ impl Controller {
                 cfg: p.clone(),
                 last_warnings: Vec::new(),
                 discovery_failing: false,
+                failing: BTreeMap::new(),
                 leader: None,
             });
         }
@@ -386,6 +389,7 @@ impl PoolRuntime {
             ..Default::default()
         };
         if let Ok(snap) = &snap {
+            self.member_health(snap, telemetry);
             for r in &snap.rejected {
                 m.samples_rejected
                     .get_or_create(&labels(&[
@@ -420,6 +424,33 @@ impl PoolRuntime {
         };
         count_push(telemetry, &pool, self.sink.kind(), report.push);
         report
+    }
+
+    /// Count and log members that could not be read: a warning when a member starts failing (or
+    /// fails differently), an info line when it is readable again; never one line per cycle. The
+    /// policy treats such a member as without data: it keeps its ratio for `grace`, then gets the
+    /// pool mean.
+    fn member_health(&mut self, snap: &Snapshot, telemetry: &Telemetry) {
+        let pool = self.cfg.name.clone();
+        let mut now_failing = BTreeMap::new();
+        for f in &snap.failures {
+            let reason = f.reason.as_str();
+            telemetry
+                .metrics
+                .member_errors
+                .get_or_create(&labels(&[("pool", &pool), ("member", f.member.as_str()), ("reason", reason)]))
+                .inc();
+            if self.failing.get(&f.member) != Some(&reason) {
+                tracing::warn!(pool = %pool, member = %f.member, reason, detail = %f.detail, "member cannot be read; it keeps its ratio for `grace`, then gets the pool mean");
+            }
+            now_failing.insert(f.member.clone(), reason);
+        }
+        for (m, _) in self.failing.iter().filter(|(m, _)| !now_failing.contains_key(*m)) {
+            if snap.members.contains_key(m) {
+                tracing::info!(pool = %pool, member = %m, "member is readable again");
+            }
+        }
+        self.failing = now_failing;
     }
 
     /// One report line per member: the ratio wanted now, the last computed one, and the sample.
