@@ -21,6 +21,11 @@ pub enum SinkError {
     #[error("{target}: authentication failed: {detail}")]
     Auth { target: String, detail: String },
 
+    /// The credentials are fine but the user's role may not make this change. Retrying cannot help;
+    /// the load balancer's admin must grant the role.
+    #[error("{target}: role cannot modify pool members: {detail}")]
+    Forbidden { target: String, detail: String },
+
     /// The sink's own configuration cannot work (bad URL, unreadable CA file, ...).
     #[error("sink configuration: {0}")]
     Config(String),
@@ -39,6 +44,7 @@ impl SinkError {
             SinkError::Temporary { .. } => "temporary",
             SinkError::Rejected { .. } => "rejected",
             SinkError::Auth { .. } => "auth",
+            SinkError::Forbidden { .. } => "forbidden",
             SinkError::Config(_) => "config",
         }
     }

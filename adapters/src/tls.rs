@@ -1,9 +1,16 @@
-//! The one place HTTP clients get their TLS trust: a CA bundle (every certificate in it), or
-//! verification switched off on explicit request. Used by the sinks here and by the controller's
-//! sources and Kubernetes client, so a CA file means the same everywhere.
+//! The one place HTTP clients get their TLS trust: a CA bundle (every certificate in it), one pinned
+//! certificate, or verification switched off on explicit request. Used by the sinks here and by the
+//! controller's sources and Kubernetes client, so a CA file means the same everywhere.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
 
 /// A client builder with `timeout` (whole request and connect) and the trust `ca_file` gives:
 /// every certificate of the PEM bundle is a root (an OpenShift service CA bundle holds several).
@@ -37,6 +44,81 @@ pub fn with_roots(mut b: reqwest::ClientBuilder, pem: &[u8]) -> Result<reqwest::
         b = b.add_root_certificate(c);
     }
     Ok(b)
+}
+
+/// Trust exactly the certificate in `pem_file` and nothing else.
+///
+/// What this is for: appliances (a BIG-IP's management port) that present a self-signed certificate
+/// they made themselves. Such a certificate is usually marked as a CA (what `openssl req -x509` does
+/// by default), which webpki refuses as a server certificate (`CaUsedAsEndEntity`), and it names the
+/// device's default host name, not the address the controller uses. Comparing the presented
+/// certificate byte for byte with the pinned one is a stronger check than chain and name
+/// validation; the handshake signature is still verified, so only the holder of the key passes.
+pub fn pinned_builder(timeout: Duration, pem_file: &Path) -> Result<reqwest::ClientBuilder, String> {
+    let pinned = CertificateDer::from_pem_file(pem_file)
+        .map_err(|e| format!("pinned certificate {}: not a PEM certificate: {e}", pem_file.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(Pinned { cert: pinned, provider: provider.clone() });
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup: {e}"))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    Ok(reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .user_agent(concat!("llm-load-controller/", env!("CARGO_PKG_VERSION")))
+        .use_preconfigured_tls(config))
+}
+
+#[derive(Debug)]
+struct Pinned {
+    cert: CertificateDer<'static>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if end_entity.as_ref() == self.cert.as_ref() {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General(
+                "the server's certificate is not the pinned certificate (pinned_cert); if the BIG-IP's \
+                 certificate was renewed, update the file"
+                    .into(),
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 #[cfg(test)]

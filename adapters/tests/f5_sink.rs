@@ -19,18 +19,11 @@ const PASSWORD: &str = "S3cret-pw!";
 
 fn config(d: &BigIpDouble, pool: &str) -> F5Config {
     F5Config {
-        url: d.url(),
-        pool: pool.into(),
         auth: AuthMode::Token,
-        username: Username::Plain(USER.into()),
-        password: SecretRef::Value(PASSWORD.into()),
-        login_provider: "tmos".into(),
-        ca_file: None,
-        insecure_skip_verify: false,
         timeout: Duration::from_secs(2),
         retries: 3,
         retry_backoff: Duration::from_millis(20),
-        transactions: true,
+        ..F5Config::new(&d.url(), pool, Username::Plain(USER.into()), SecretRef::Value(PASSWORD.into()))
     }
 }
 
@@ -476,7 +469,9 @@ async fn membership_mismatches_are_reported_not_fatal() {
 #[tokio::test]
 async fn ratios_are_clamped_into_bigip_range() {
     let d = double().await;
-    let sink = F5Sink::new(&config(&d, POOL), "llm").unwrap();
+    let mut cfg = config(&d, POOL);
+    cfg.max_ratio = 65_535;
+    let sink = F5Sink::new(&cfg, "llm").unwrap();
     let a = sink
         .apply(&ratios(&[("10.0.0.1:8000", 0), ("10.0.0.2:8000", 100_000), ("10.0.0.3:8000", 65_535)]))
         .await
@@ -486,11 +481,31 @@ async fn ratios_are_clamped_into_bigip_range() {
         names(&[("10.0.0.1:8000", 1), ("10.0.0.2:8000", 65_535), ("10.0.0.3:8000", 65_535)])
     );
     assert_eq!(
-        a.warnings.iter().filter(|w| w.contains("outside BIG-IP's 1..=65535")).count(),
+        a.warnings.iter().filter(|w| w.contains("outside the sink's 1..=65535")).count(),
         2,
         "{:?}",
         a.warnings
     );
+}
+
+#[tokio::test]
+async fn ratios_stay_within_100_unless_the_sink_opts_in_to_more() {
+    // A BIG-IP (or front end) that enforces F5's documented 1..100.
+    let d = double_with(DoubleConfig { max_ratio: 100, ..DoubleConfig::default() }).await;
+    let want = ratios(&[("10.0.0.1:8000", 250), ("10.0.0.2:8000", 40), ("10.0.0.3:8000", 7)]);
+    let sink = F5Sink::new(&config(&d, POOL), "llm").unwrap();
+    let a = sink.apply(&want).await.unwrap();
+    assert_eq!(d.ratios(POOL), names(&[("10.0.0.1:8000", 100), ("10.0.0.2:8000", 40), ("10.0.0.3:8000", 7)]));
+    assert!(a.warnings.iter().any(|w| w.contains("1..=100")), "{:?}", a.warnings);
+
+    // Opting in to more against such a BIG-IP: the transaction fails whole, nothing is half-applied.
+    let mut cfg = config(&d, POOL);
+    cfg.max_ratio = 1000;
+    let sink = F5Sink::new(&cfg, "llm").unwrap();
+    let want = ratios(&[("10.0.0.1:8000", 250), ("10.0.0.2:8000", 20), ("10.0.0.3:8000", 9)]);
+    let err = sink.apply(&want).await.unwrap_err();
+    assert!(matches!(err, SinkError::Rejected { .. }) && err.to_string().contains("from 1 to 100"), "{err}");
+    assert_eq!(d.ratios(POOL), names(&[("10.0.0.1:8000", 100), ("10.0.0.2:8000", 40), ("10.0.0.3:8000", 7)]));
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use llm_lc_adapters::f5::{AuthMode, F5Config, F5Sink, Username};
+use llm_lc_adapters::f5::{F5Config, F5Sink, Username};
 use llm_lc_adapters::{MemberId, RatioSink, Ratios, SecretRef, SinkError};
 use llm_lc_testkit::bigip::{BigIpDouble, DoubleConfig, MemberSpec, PoolSpec, Role, TlsFiles, UserSpec};
 
@@ -11,18 +11,10 @@ const POOL: &str = "/Common/llm_pool";
 
 fn config(d: &BigIpDouble) -> F5Config {
     F5Config {
-        url: d.url(),
-        pool: POOL.into(),
-        auth: AuthMode::Token,
-        username: Username::Plain("svc".into()),
-        password: SecretRef::Value("pw".into()),
-        login_provider: "tmos".into(),
-        ca_file: None,
-        insecure_skip_verify: false,
         timeout: Duration::from_secs(2),
         retries: 1,
         retry_backoff: Duration::from_millis(10),
-        transactions: true,
+        ..F5Config::new(&d.url(), POOL, Username::Plain("svc".into()), SecretRef::Value("pw".into()))
     }
 }
 
@@ -74,4 +66,47 @@ async fn unusable_ca_files_are_configuration_errors() {
     cfg.ca_file = Some(junk);
     let err = F5Sink::new(&cfg, "llm").err().expect("junk CA file refused");
     assert!(matches!(err, SinkError::Config(_)), "{err}");
+}
+
+#[tokio::test]
+async fn a_pinned_self_signed_certificate_is_trusted_and_any_other_refused() {
+    // What a BIG-IP makes for itself: self-signed, marked as a CA, named localhost.localdomain.
+    let dir = tempfile::tempdir().unwrap();
+    let own = TlsFiles::self_signed(dir.path(), "bigip");
+    let other = TlsFiles::self_signed(dir.path(), "impostor");
+    let d = BigIpDouble::start_tls(DoubleConfig::default(), &own).await;
+    d.add_user(UserSpec::new("svc", "pw", Role::ApplicationEditor));
+    d.add_pool(PoolSpec::new(POOL).mode("ratio-member").member(MemberSpec::ip("10.0.0.1", 8000)));
+
+    // As a CA file it cannot work (rustls: a CA certificate used as the server's, and the name does
+    // not match): the error points at pinned_cert.
+    let mut cfg = config(&d);
+    cfg.ca_file = Some(own.server_cert.clone());
+    let err = F5Sink::new(&cfg, "llm").unwrap().apply(&want()).await.unwrap_err();
+    assert!(matches!(err, SinkError::Unreachable { .. }), "{err}");
+    assert!(err.to_string().contains("pinned_cert"), "points at the fix: {err}");
+
+    // Pinned, it works, although it names neither 127.0.0.1 nor a CA.
+    let mut cfg = config(&d);
+    cfg.pinned_cert = Some(own.server_cert.clone());
+    let sink = F5Sink::new(&cfg, "llm").unwrap();
+    sink.apply(&want()).await.unwrap();
+    assert_eq!(d.ratio(POOL, "10.0.0.1:8000"), Some(6));
+    sink.shutdown().await;
+
+    // Another certificate pinned: refused before any credential leaves.
+    d.clear_requests();
+    let mut cfg = config(&d);
+    cfg.pinned_cert = Some(other.server_cert.clone());
+    let err = F5Sink::new(&cfg, "llm").unwrap().apply(&want()).await.unwrap_err();
+    assert!(matches!(err, SinkError::Unreachable { .. }), "{err}");
+    assert!(err.to_string().contains("not the pinned certificate"), "{err}");
+    assert!(d.requests().is_empty(), "no request reached the BIG-IP");
+
+    // Pinning and a CA file together is a configuration error, named.
+    let mut cfg = config(&d);
+    cfg.pinned_cert = Some(own.server_cert.clone());
+    cfg.ca_file = Some(own.server_cert.clone());
+    let err = F5Sink::new(&cfg, "llm").err().expect("contradiction refused");
+    assert!(err.to_string().contains("pinned_cert"), "{err}");
 }

@@ -22,14 +22,23 @@ use crate::SecretRef;
 /// ```
 ///
 /// Ratios handed to the sink are already in the range the user configured for the controller. They are
-/// sent as they are (identity), clamped into BIG-IP's 1..=65535; a clamped value is reported in the
-/// push's warnings. BIG-IP has no ratio 0: a member the controller wants drained gets ratio 1.
+/// sent as they are (identity), clamped into 1..=`max_ratio` (100 unless raised, at most BIG-IP's
+/// 65535); a clamped value is reported in the push's warnings. BIG-IP has no ratio 0: a member the
+/// controller wants drained gets ratio 1.
+///
+/// An HA pair gives every unit's management address as `urls: [...]`; the sink writes only to the
+/// unit whose failover status is ACTIVE, and follows a failover.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct F5Config {
     /// Base URL of the BIG-IP management interface, e.g. `https://bigip.example.com` (or with a port,
-    /// `https://10.0.0.5:8443`). No path, no credentials in the URL.
+    /// `https://10.0.0.5:8443`). No path, no credentials in the URL. For an HA pair use `urls`.
+    #[serde(default)]
     pub url: String,
+    /// The management URLs of every unit of an HA pair (or device group). The sink asks each unit's
+    /// `/mgmt/tm/cm/failover-status` and writes only to the ACTIVE one.
+    #[serde(default)]
+    pub urls: Vec<String>,
     /// Pool with partition, e.g. `/Common/llm_pool`.
     pub pool: String,
     /// `token` (default): log in once, send `X-F5-Auth-Token`, works for local and remote (LDAP,
@@ -47,6 +56,13 @@ pub struct F5Config {
     /// PEM file with the CA (or bundle of CAs) that signed the BIG-IP's management certificate.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    /// PEM file with the BIG-IP's own management certificate, trusted as exactly that certificate
+    /// (pinned): for the self-signed certificate a BIG-IP makes for itself, which is often marked as a
+    /// CA and names `localhost.localdomain`, so it cannot serve as `ca_file`. Any other certificate is
+    /// refused; the host name is not checked (the pin is stronger). Renewing the certificate on the
+    /// BIG-IP means updating this file.
+    #[serde(default)]
+    pub pinned_cert: Option<PathBuf>,
     /// Skip certificate verification entirely. Logged as a warning at startup; prefer `ca_file`.
     #[serde(default)]
     pub insecure_skip_verify: bool,
@@ -64,6 +80,34 @@ pub struct F5Config {
     /// half-applied set. On by default; a single change is always sent directly.
     #[serde(default = "default_true")]
     pub transactions: bool,
+    /// Member PATCHes of one push in flight at once (queued into the transaction, or sent directly).
+    /// A management plane answering in 150 ms then takes 5 round trips, not 40, for 40 members.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// The largest ratio written (default 100, F5's documented member ratio range for AS3 and
+    /// Ansible). Raise it (up to 65535) only for a BIG-IP known to accept more; the pool's
+    /// `ratio.max` must not exceed it.
+    #[serde(default = "default_max_ratio")]
+    pub max_ratio: u32,
+    /// After a refused login, wait this long before logging in again, doubling with each refusal up
+    /// to 5 minutes, so a wrong password does not lock the account (LDAP/AD lockout policies). A
+    /// changed password (the Secret file rotated) ends the wait at once.
+    #[serde(default = "default_login_backoff", with = "humantime_serde")]
+    pub login_backoff: Duration,
+    /// `push` (default): write member ratios. `sideband`: never write to the BIG-IP (for pools that
+    /// CIS or AS3 own, whose reconcile would overwrite ratios); members are read from the pool and an
+    /// iRule on the BIG-IP fetches the ratios from the controller (`deploy/bigip/irule/sideband.tcl`).
+    #[serde(default)]
+    pub mode: F5Mode,
+}
+
+/// Whether the sink writes ratios to the BIG-IP, or the BIG-IP pulls them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum F5Mode {
+    #[default]
+    Push,
+    Sideband,
 }
 
 /// How the sink authenticates.
@@ -126,24 +170,90 @@ fn default_true() -> bool {
     true
 }
 
+fn default_concurrency() -> usize {
+    8
+}
+
+fn default_max_ratio() -> u32 {
+    super::plan::DEFAULT_MAX_RATIO
+}
+
+fn default_login_backoff() -> Duration {
+    Duration::from_secs(15)
+}
+
+/// The longest wait between logins after refusals.
+pub const MAX_LOGIN_BACKOFF: Duration = Duration::from_secs(300);
+
 impl F5Config {
+    /// A config with every optional setting at its default, for code that builds one by hand.
+    pub fn new(url: &str, pool: &str, username: Username, password: SecretRef) -> F5Config {
+        F5Config {
+            url: url.to_string(),
+            urls: Vec::new(),
+            pool: pool.to_string(),
+            auth: AuthMode::default(),
+            username,
+            password,
+            login_provider: default_login_provider(),
+            ca_file: None,
+            pinned_cert: None,
+            insecure_skip_verify: false,
+            timeout: default_timeout(),
+            retries: default_retries(),
+            retry_backoff: default_backoff(),
+            transactions: true,
+            concurrency: default_concurrency(),
+            max_ratio: default_max_ratio(),
+            login_backoff: default_login_backoff(),
+            mode: F5Mode::default(),
+        }
+    }
+
+    /// The management URLs of the units, without trailing slashes: `urls`, or `url` alone.
+    pub fn unit_urls(&self) -> Vec<String> {
+        let all: Vec<&String> =
+            if self.urls.is_empty() { vec![&self.url] } else { self.urls.iter().collect() };
+        all.into_iter().map(|u| u.trim_end_matches('/').to_string()).collect()
+    }
+
     /// Problems visible without talking to the BIG-IP, as `(field, message)` pairs.
     pub fn validate(&self) -> Vec<(String, String)> {
         let mut errs = Vec::new();
         let mut err = |field: &str, msg: String| errs.push((field.to_string(), msg));
-        match reqwest::Url::parse(&self.url) {
-            Ok(u) => {
-                if u.scheme() != "https" && u.scheme() != "http" {
-                    err("url", format!("scheme must be https (or http through a proxy), not {}", u.scheme()));
+        match (self.url.is_empty(), self.urls.is_empty()) {
+            (true, true) => err("url", "missing: give the management URL (or `urls` for an HA pair)".into()),
+            (false, false) => err("urls", "give either url (one unit) or urls (an HA pair), not both".into()),
+            _ => {}
+        }
+        let fields: Vec<(String, &String)> = if self.urls.is_empty() {
+            vec![("url".to_string(), &self.url)]
+        } else {
+            self.urls.iter().enumerate().map(|(i, u)| (format!("urls[{i}]"), u)).collect()
+        };
+        for (field, url) in fields.into_iter().filter(|(_, u)| !u.is_empty()) {
+            match reqwest::Url::parse(url) {
+                Ok(u) => {
+                    if u.scheme() != "https" && u.scheme() != "http" {
+                        err(
+                            &field,
+                            format!("scheme must be https (or http through a proxy), not {}", u.scheme()),
+                        );
+                    }
+                    if !u.username().is_empty() || u.password().is_some() {
+                        err(&field, "must not carry credentials; use username and password".into());
+                    }
+                    if u.path() != "/" || u.query().is_some() || u.fragment().is_some() {
+                        err(&field, "give only scheme, host and port, e.g. https://bigip.example.com".into());
+                    }
                 }
-                if !u.username().is_empty() || u.password().is_some() {
-                    err("url", "must not carry credentials; use username and password".into());
-                }
-                if u.path() != "/" || u.query().is_some() || u.fragment().is_some() {
-                    err("url", "give only scheme, host and port, e.g. https://bigip.example.com".into());
-                }
+                Err(e) => err(&field, format!("not a URL: {e}")),
             }
-            Err(e) => err("url", format!("not a URL: {e}")),
+        }
+        let mut seen = self.unit_urls();
+        seen.sort();
+        if seen.windows(2).any(|w| w[0] == w[1]) {
+            err("urls", "lists the same unit twice".into());
         }
         if let Err(e) = PoolPath::parse(&self.pool) {
             err("pool", e);
@@ -161,6 +271,23 @@ impl F5Config {
                 "insecure_skip_verify",
                 "contradicts ca_file: verify with the CA, or skip verification".into(),
             );
+        }
+        if self.pinned_cert.is_some() && (self.ca_file.is_some() || self.insecure_skip_verify) {
+            err(
+                "pinned_cert",
+                "give one way to trust the BIG-IP: pinned_cert (its own self-signed certificate), ca_file \
+                 (the CA that signed it), or insecure_skip_verify"
+                    .into(),
+            );
+        }
+        if self.concurrency == 0 || self.concurrency > 64 {
+            err("concurrency", "must be 1..=64".into());
+        }
+        if !(1..=super::plan::WIRE_MAX).contains(&self.max_ratio) {
+            err("max_ratio", format!("must be 1..={}, BIG-IP's largest member ratio", super::plan::WIRE_MAX));
+        }
+        if self.login_backoff < Duration::from_millis(100) || self.login_backoff > MAX_LOGIN_BACKOFF {
+            err("login_backoff", "must be between 100ms and 5m".into());
         }
         if self.timeout.is_zero() {
             err("timeout", "must be > 0".into());

@@ -13,28 +13,32 @@
 //! - ratio is an integer 1..=65535, default 1;
 //! - ratios only steer traffic in the `ratio-member` and `ratio-least-connections-member` modes (the
 //!   `*-node` modes read the node's ratio instead);
+//! - HA: `GET /mgmt/tm/cm/failover-status` tells a unit whether it is ACTIVE or STANDBY; configuration
+//!   is written on the active unit and reaches the peer by config-sync (automatic or manual);
 //! - transactions: `POST /mgmt/tm/transaction {}` answers `{"transId":N,"state":"STARTED",...}`; requests
 //!   sent with `X-F5-REST-Coordination-Id: N` are queued, not run; `PATCH /mgmt/tm/transaction/N
 //!   {"state":"VALIDATING"}` (without that header) runs them all or none and answers `"COMPLETED"` or
 //!   an error. A transaction with nothing queued cannot be committed.
 
 mod config;
+mod login_gate;
 mod names;
 mod plan;
 mod session;
 mod wire;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::stream::{self, StreamExt, TryStreamExt};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-pub use config::{AuthMode, F5Config, Username};
-pub use plan::{WIRE_MAX, WIRE_MIN};
+pub use config::{AuthMode, F5Config, F5Mode, Username, MAX_LOGIN_BACKOFF};
+pub use plan::{DEFAULT_MAX_RATIO, WIRE_MAX, WIRE_MIN};
 
 use crate::{Applied, MemberId, RatioSink, Ratios, SinkError};
 use names::{member_segment, PoolPath};
@@ -44,14 +48,20 @@ use session::{CallError, Request, RetryPolicy, Session};
 /// Load-balancing modes in which pool member ratios take effect.
 pub const RATIO_MODES: [&str; 2] = ["ratio-member", "ratio-least-connections-member"];
 
-/// Pushes ratios into one BIG-IP pool.
+/// Pushes ratios into one BIG-IP pool (or, in sideband mode, only reads its members).
 pub struct F5Sink {
-    session: Arc<Session>,
+    /// One session per unit: a single BIG-IP, or every unit of an HA pair.
+    units: Vec<Arc<Session>>,
+    /// The unit last found ACTIVE (index into `units`); asked first on the next push.
+    active: AtomicUsize,
     pool: PoolPath,
     /// The controller's name for this pool, for logs.
     label: String,
     policy: RetryPolicy,
     transactions: bool,
+    concurrency: usize,
+    max_ratio: u32,
+    mode: F5Mode,
     /// The last balancing mode we warned about, so the warning is given once, not every cycle.
     warned_mode: Mutex<Option<String>>,
     /// Last reported membership mismatch, so it is logged when it changes, not every cycle.
@@ -69,13 +79,21 @@ impl F5Sink {
         let bigip_pool =
             PoolPath::parse(&cfg.pool).map_err(|e| SinkError::Config(format!("f5 pool: {e}")))?;
         let username = cfg.username.resolve().map_err(|e| SinkError::Config(format!("f5 username: {e}")))?;
-        let session = Session::shared(cfg, username)?;
+        let units = cfg
+            .unit_urls()
+            .iter()
+            .map(|url| Session::shared(cfg, url, username.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(F5Sink {
-            session,
+            units,
+            active: AtomicUsize::new(0),
             pool: bigip_pool,
             label: pool.to_string(),
             policy: RetryPolicy { retries: cfg.retries, backoff: cfg.retry_backoff },
             transactions: cfg.transactions,
+            concurrency: cfg.concurrency,
+            max_ratio: cfg.max_ratio,
+            mode: cfg.mode,
             warned_mode: Mutex::new(None),
             last_mismatch: Mutex::new(BTreeSet::new()),
             released: AtomicBool::new(false),
@@ -83,12 +101,12 @@ impl F5Sink {
     }
 
     /// `f5 https://bigip pool /Common/llm_pool`: the start of every error message.
-    fn target(&self) -> String {
-        format!("f5 {} pool {}", self.session.base_url(), self.pool)
+    fn target(&self, s: &Session) -> String {
+        format!("f5 {} pool {}", s.base_url(), self.pool)
     }
 
-    fn member_target(&self, c: &Change) -> String {
-        format!("{} member {}", self.target(), c.full_path())
+    fn member_target(&self, s: &Session, c: &Change) -> String {
+        format!("{} member {}", self.target(s), c.full_path())
     }
 
     fn pool_path(&self) -> String {
@@ -99,36 +117,79 @@ impl F5Sink {
         format!("{}/members/{}", self.pool_path(), member_segment(&c.partition, &c.name))
     }
 
+    /// The unit to talk to: the only one, or the one of the HA pair whose failover status is ACTIVE
+    /// (the last one found active is asked first, so a steady pair costs one extra GET per push).
+    /// Writing to a standby would be overwritten by the next config-sync, or would sync back over the
+    /// active unit's configuration.
+    async fn unit(&self) -> Result<Arc<Session>, SinkError> {
+        let n = self.units.len();
+        if n == 1 {
+            return Ok(self.units[0].clone());
+        }
+        let last = self.active.load(Ordering::Relaxed);
+        let mut seen = Vec::new();
+        let mut hard_error = None;
+        for k in 0..n {
+            let i = (last + k) % n;
+            let unit = &self.units[i];
+            let quick = RetryPolicy { retries: 1, backoff: self.policy.backoff };
+            match unit.failover_status(quick).await {
+                Ok(status) if status == "ACTIVE" => {
+                    if i != last {
+                        tracing::warn!(
+                            pool = %self.label, active = %unit.base_url(), was = %self.units[last].base_url(),
+                            "BIG-IP failover: writing to the unit that is ACTIVE now"
+                        );
+                        self.active.store(i, Ordering::Relaxed);
+                    }
+                    return Ok(unit.clone());
+                }
+                Ok(status) => seen.push(format!("{} is {status}", unit.base_url())),
+                Err(e) => {
+                    seen.push(format!("{}: {}", unit.base_url(), e.summary()));
+                    if !e.retryable() && hard_error.is_none() {
+                        hard_error = Some(e.into_sink_error(self.target(unit)));
+                    }
+                }
+            }
+        }
+        // Wrong credentials or a missing role on every unit say so; otherwise it is a passing state.
+        if let Some(e) = hard_error.filter(|_| seen.iter().all(|s| !s.contains(" is "))) {
+            return Err(e);
+        }
+        Err(SinkError::Temporary {
+            target: format!("f5 pool {} (HA units)", self.pool),
+            detail: format!("no unit is ACTIVE: {}", seen.join("; ")),
+        })
+    }
+
     /// Turn a failed call about the pool into an error that says what to check.
-    fn pool_error(&self, e: CallError) -> SinkError {
+    fn pool_error(&self, s: &Session, e: CallError) -> SinkError {
         let hint = match e.status() {
             Some(404) => format!(
                 "; check `pool` ({}, with its partition) and that user {:?} may see that partition",
                 self.pool,
-                self.session.username()
+                s.username()
             ),
             _ => String::new(),
         };
-        match e.into_sink_error(self.target()) {
+        match e.into_sink_error(self.target(s)) {
             SinkError::Rejected { target, detail } => SinkError::Rejected { target, detail: detail + &hint },
             other => other,
         }
     }
 
-    async fn read_members(&self) -> Result<Vec<wire::Member>, SinkError> {
+    async fn read_members(&self, s: &Session) -> Result<Vec<wire::Member>, SinkError> {
         let path = format!("{}/members", self.pool_path());
         let coll: wire::MemberCollection =
-            self.session.call(&Request::get(&path), self.policy).await.map_err(|e| self.pool_error(e))?;
+            s.call(&Request::get(&path), self.policy).await.map_err(|e| self.pool_error(s, e))?;
         Ok(coll.items)
     }
 
     /// Read the pool's balancing mode; a warning the first time it is one where ratios do nothing.
-    async fn check_mode(&self) -> Result<Option<String>, SinkError> {
-        let pool: wire::Pool = self
-            .session
-            .call(&Request::get(&self.pool_path()), self.policy)
-            .await
-            .map_err(|e| self.pool_error(e))?;
+    async fn check_mode(&self, s: &Session) -> Result<Option<String>, SinkError> {
+        let pool: wire::Pool =
+            s.call(&Request::get(&self.pool_path()), self.policy).await.map_err(|e| self.pool_error(s, e))?;
         let mode = pool.load_balancing_mode.unwrap_or_else(|| "round-robin".to_string());
         let mut warned = self.warned_mode.lock().unwrap_or_else(|p| p.into_inner());
         if RATIO_MODES.contains(&mode.as_str()) {
@@ -160,55 +221,59 @@ impl F5Sink {
         }
     }
 
-    async fn patch_direct(&self, c: &Change) -> Result<(), SinkError> {
+    /// PATCH one member's ratio, directly or (with `coordination`) queued into a transaction.
+    async fn patch(&self, s: &Session, c: &Change, coordination: Option<u64>) -> Result<(), SinkError> {
         let path = self.member_path(c);
-        let req = Request::with_body(Method::PATCH, &path, json!(wire::RatioPatch { ratio: c.to }));
-        self.session
-            .call::<Value>(&req, self.policy)
+        let mut req = Request::with_body(Method::PATCH, &path, json!(wire::RatioPatch { ratio: c.to }));
+        req.coordination = coordination;
+        // Sending the same PATCH twice after a retry is harmless: both set the same value.
+        s.call::<Value>(&req, self.policy)
             .await
             .map(|_| ())
-            .map_err(|e| e.into_sink_error(self.member_target(c)))
+            .map_err(|e| e.into_sink_error(self.member_target(s, c)))
     }
 
-    /// Queue every change in one transaction and commit it: all apply, or none.
-    async fn patch_in_transaction(&self, changes: &[Change]) -> Result<(), SinkError> {
-        let tx: wire::Transaction = self
-            .session
+    /// Every change PATCHed directly, `concurrency` at a time; stops at the first failure.
+    async fn patch_each(&self, s: &Session, changes: &[Change]) -> Result<(), SinkError> {
+        // Futures built up front: a closure inside the stream trips rustc's Send inference (#64552).
+        let patches: Vec<_> = changes.iter().map(|c| self.patch(s, c, None)).collect();
+        stream::iter(patches).buffer_unordered(self.concurrency).try_collect::<Vec<()>>().await.map(|_| ())
+    }
+
+    /// Queue every change in one transaction and commit it: all apply, or none. The PATCHes are
+    /// queued `concurrency` at a time (BIG-IP only records them; the commit runs them in order), so a
+    /// slow management plane costs a few round trips, not one per member.
+    async fn patch_in_transaction(&self, s: &Arc<Session>, changes: &[Change]) -> Result<(), SinkError> {
+        let tx: wire::Transaction = s
             .call(&Request::with_body(Method::POST, "/mgmt/tm/transaction", json!({})), self.policy)
             .await
-            .map_err(|e| e.into_sink_error(format!("{} (starting a transaction)", self.target())))?;
-        let id = tx.trans_id;
-        for c in changes {
-            let path = self.member_path(c);
-            let mut req = Request::with_body(Method::PATCH, &path, json!(wire::RatioPatch { ratio: c.to }));
-            req.coordination = Some(id);
-            // Queuing the same PATCH twice after a retry is harmless: both set the same value.
-            if let Err(e) = self.session.call::<Value>(&req, self.policy).await {
-                self.abandon(id).await;
-                return Err(e.into_sink_error(self.member_target(c)));
-            }
+            .map_err(|e| e.into_sink_error(format!("{} (starting a transaction)", self.target(s))))?;
+        let mut open = OpenTransaction { session: s.clone(), id: tx.trans_id, armed: true };
+        let patches: Vec<_> = changes.iter().map(|c| self.patch(s, c, Some(open.id))).collect();
+        let queued = stream::iter(patches).buffer_unordered(self.concurrency).try_collect::<Vec<()>>().await;
+        if let Err(e) = queued {
+            open.abandon().await;
+            return Err(e);
         }
-        self.commit(id).await
+        // From here the transaction is BIG-IP's to run; deleting it could race the commit.
+        open.armed = false;
+        self.commit(s, open.id).await
     }
 
     /// Commit transaction `id`. The commit itself is never blindly re-sent: after a failure that may
     /// or may not have reached BIG-IP, the transaction's state says whether it ran.
-    async fn commit(&self, id: u64) -> Result<(), SinkError> {
+    async fn commit(&self, s: &Session, id: u64) -> Result<(), SinkError> {
         let path = format!("/mgmt/tm/transaction/{id}");
-        let target = format!("{} (transaction {id})", self.target());
+        let target = format!("{} (transaction {id})", self.target(s));
         let mut attempt = 0;
         loop {
             let req = Request::with_body(Method::PATCH, &path, json!(wire::Commit { state: "VALIDATING" }));
-            let err = match self.session.call::<wire::Transaction>(&req, RetryPolicy::none()).await {
-                Ok(t) => return self.await_outcome(id, t, &target).await,
+            let err = match s.call::<wire::Transaction>(&req, RetryPolicy::none()).await {
+                Ok(t) => return self.await_outcome(s, id, t, &target).await,
                 Err(e) if e.retryable() => e,
                 // A re-sent commit may be refused because the earlier one landed in the meantime.
                 Err(e) if attempt > 0 => {
-                    return match self
-                        .session
-                        .call::<wire::Transaction>(&Request::get(&path), self.policy)
-                        .await
-                    {
+                    return match s.call::<wire::Transaction>(&Request::get(&path), self.policy).await {
                         Ok(t) if t.state == "COMPLETED" => Ok(()),
                         _ => Err(e.into_sink_error(target)),
                     }
@@ -217,12 +282,12 @@ impl F5Sink {
                 Err(e) => return Err(e.into_sink_error(target)),
             };
             tracing::debug!(pool = %self.label, transaction = id, error = ?err, "commit did not answer cleanly; checking its state");
-            match self.session.call::<wire::Transaction>(&Request::get(&path), self.policy).await {
+            match s.call::<wire::Transaction>(&Request::get(&path), self.policy).await {
                 Ok(t) if t.state == "STARTED" && attempt < self.policy.retries => {
                     attempt += 1;
                     tokio::time::sleep(self.policy.backoff).await;
                 }
-                Ok(t) if t.state != "STARTED" => return self.await_outcome(id, t, &target).await,
+                Ok(t) if t.state != "STARTED" => return self.await_outcome(s, id, t, &target).await,
                 _ => return Err(err.into_sink_error(target)),
             }
         }
@@ -230,7 +295,13 @@ impl F5Sink {
 
     /// Follow a submitted transaction to COMPLETED or FAILED (BIG-IP may report VALIDATING while it
     /// works).
-    async fn await_outcome(&self, id: u64, mut t: wire::Transaction, target: &str) -> Result<(), SinkError> {
+    async fn await_outcome(
+        &self,
+        s: &Session,
+        id: u64,
+        mut t: wire::Transaction,
+        target: &str,
+    ) -> Result<(), SinkError> {
         let path = format!("/mgmt/tm/transaction/{id}");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -256,8 +327,7 @@ impl F5Sink {
                 }
                 _ => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    t = self
-                        .session
+                    t = s
                         .call(&Request::get(&path), self.policy)
                         .await
                         .map_err(|e| e.into_sink_error(target.to_string()))?;
@@ -265,13 +335,45 @@ impl F5Sink {
             }
         }
     }
+}
 
-    /// Best effort: drop a transaction we will not commit (BIG-IP would expire it anyway).
-    async fn abandon(&self, id: u64) {
-        let path = format!("/mgmt/tm/transaction/{id}");
-        let req = Request { method: Method::DELETE, path: &path, body: None, coordination: None };
-        if let Err(e) = self.session.call::<Value>(&req, RetryPolicy::none()).await {
-            tracing::debug!(pool = %self.label, transaction = id, error = ?e, "could not delete abandoned transaction");
+/// A transaction started and not yet committed. If the push is abandoned (an error, or the
+/// controller's `push_timeout` dropping the push), the transaction is deleted rather than left for
+/// BIG-IP to expire: open transactions hold memory on the management plane and show up to admins.
+struct OpenTransaction {
+    session: Arc<Session>,
+    id: u64,
+    armed: bool,
+}
+
+impl OpenTransaction {
+    async fn abandon(mut self) {
+        self.armed = false;
+        delete_transaction(&self.session, self.id).await;
+    }
+}
+
+impl Drop for OpenTransaction {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // Dropped mid-push (cancelled): delete from a task of its own, the push's future is gone.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (session, id) = (self.session.clone(), self.id);
+            rt.spawn(async move { delete_transaction(&session, id).await });
+        }
+    }
+}
+
+/// Best effort: a transaction that cannot be deleted expires on BIG-IP by itself.
+async fn delete_transaction(s: &Session, id: u64) {
+    let path = format!("/mgmt/tm/transaction/{id}");
+    let req = Request { method: Method::DELETE, path: &path, body: None, coordination: None };
+    match s.call::<Value>(&req, RetryPolicy { retries: 1, backoff: Duration::from_millis(200) }).await {
+        Ok(_) => tracing::debug!(bigip = %s.base_url(), transaction = id, "deleted abandoned transaction"),
+        Err(e) => {
+            tracing::warn!(bigip = %s.base_url(), transaction = id, error = ?e, "could not delete abandoned transaction; BIG-IP expires it")
         }
     }
 }
@@ -279,7 +381,10 @@ impl F5Sink {
 #[async_trait]
 impl RatioSink for F5Sink {
     fn kind(&self) -> &'static str {
-        "f5"
+        match self.mode {
+            F5Mode::Push => "f5",
+            F5Mode::Sideband => "f5-sideband",
+        }
     }
 
     fn reconciles(&self) -> bool {
@@ -287,34 +392,37 @@ impl RatioSink for F5Sink {
     }
 
     async fn members(&self) -> Result<Option<Vec<MemberId>>, SinkError> {
-        let mut ids: Vec<MemberId> = self.read_members().await?.iter().map(plan::member_id).collect();
+        let s = self.unit().await?;
+        let mut ids: Vec<MemberId> = self.read_members(&s).await?.iter().map(plan::member_id).collect();
         ids.sort();
         ids.dedup();
         Ok(Some(ids))
     }
 
     async fn current(&self) -> Result<Option<Ratios>, SinkError> {
-        Ok(Some(self.read_members().await?.iter().map(|m| (plan::member_id(m), m.ratio)).collect()))
+        let s = self.unit().await?;
+        Ok(Some(self.read_members(&s).await?.iter().map(|m| (plan::member_id(m), m.ratio)).collect()))
     }
 
     async fn apply(&self, desired: &Ratios) -> Result<Applied, SinkError> {
+        if self.mode == F5Mode::Sideband {
+            // Nothing is written: the BIG-IP fetches the ratios from the controller's /v1/ratios.
+            return Ok(Applied { changed: 0, unchanged: desired.len(), warnings: Vec::new() });
+        }
+        let s = self.unit().await?;
         let mut warnings = Vec::new();
-        if let Some(w) = self.check_mode().await? {
+        if let Some(w) = self.check_mode(&s).await? {
             warnings.push(w);
         }
-        let members = self.read_members().await?;
-        let plan = plan::plan(self.pool.as_str(), &members, desired);
+        let members = self.read_members(&s).await?;
+        let plan = plan::plan(self.pool.as_str(), &members, desired, self.max_ratio);
         self.note_mismatch(&plan);
         warnings.extend(plan.warnings());
         match plan.changes.len() {
             0 => {}
-            1 => self.patch_direct(&plan.changes[0]).await?,
-            _ if self.transactions => self.patch_in_transaction(&plan.changes).await?,
-            _ => {
-                for c in &plan.changes {
-                    self.patch_direct(c).await?;
-                }
-            }
+            1 => self.patch(&s, &plan.changes[0], None).await?,
+            _ if self.transactions => self.patch_in_transaction(&s, &plan.changes).await?,
+            _ => self.patch_each(&s, &plan.changes).await?,
         }
         for c in &plan.changes {
             tracing::debug!(pool = %self.label, member = %c.id, from = c.from, to = c.to, "ratio set");
@@ -324,7 +432,9 @@ impl RatioSink for F5Sink {
 
     async fn shutdown(&self) {
         if !self.released.swap(true, Ordering::SeqCst) {
-            self.session.clone().release().await;
+            for s in &self.units {
+                s.clone().release().await;
+            }
         }
     }
 }
@@ -335,12 +445,13 @@ impl Drop for F5Sink {
     /// expires on the BIG-IP.
     fn drop(&mut self) {
         if !self.released.swap(true, Ordering::SeqCst) {
-            let session = self.session.clone();
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    rt.spawn(session.release());
+            for session in &self.units {
+                match tokio::runtime::Handle::try_current() {
+                    Ok(rt) => {
+                        rt.spawn(session.clone().release());
+                    }
+                    Err(_) => session.forget_holder(),
                 }
-                Err(_) => session.forget_holder(),
             }
         }
     }

@@ -7,9 +7,13 @@ use super::names::{endpoint_of_id, endpoint_of_member, Endpoint};
 use super::wire::Member;
 use crate::{MemberId, Ratios};
 
-/// BIG-IP's pool member ratio range.
+/// BIG-IP's pool member ratio range as TMOS stores it.
 pub const WIRE_MIN: u32 = 1;
 pub const WIRE_MAX: u32 = 65_535;
+/// The largest ratio written unless the user opts in to more: F5's AS3 schema and Ansible modules
+/// document member ratio as 1..100, and a BIG-IP that enforces that fails a whole transaction on
+/// one larger value.
+pub const DEFAULT_MAX_RATIO: u32 = 100;
 
 /// One member whose ratio must change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +40,7 @@ pub struct Plan {
     pub missing: Vec<String>,
     /// Pool members the controller gave no ratio (reported, not fatal).
     pub unmanaged: Vec<String>,
-    /// Values clamped into 1..=65535.
+    /// Values clamped into 1..=max.
     pub clamped: Vec<String>,
 }
 
@@ -46,9 +50,9 @@ impl Plan {
     }
 }
 
-/// The controller's ratio in BIG-IP's range: identity, clamped. `None` when it had to be clamped.
-pub fn to_wire(ratio: u32) -> (u32, bool) {
-    let w = ratio.clamp(WIRE_MIN, WIRE_MAX);
+/// The controller's ratio in 1..=`max`: identity, clamped; `true` when it had to be clamped.
+pub fn to_wire(ratio: u32, max: u32) -> (u32, bool) {
+    let w = ratio.clamp(WIRE_MIN, max.clamp(WIRE_MIN, WIRE_MAX));
     (w, w != ratio)
 }
 
@@ -61,8 +65,8 @@ pub fn member_id(m: &Member) -> MemberId {
     }
 }
 
-/// Match `desired` to `members` and list what differs.
-pub fn plan(pool: &str, members: &[Member], desired: &Ratios) -> Plan {
+/// Match `desired` to `members` and list what differs; ratios are clamped into 1..=`max`.
+pub fn plan(pool: &str, members: &[Member], desired: &Ratios, max: u32) -> Plan {
     let mut by_endpoint: HashMap<Endpoint, usize> = HashMap::new();
     let mut by_name: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, m) in members.iter().enumerate() {
@@ -90,10 +94,10 @@ pub fn plan(pool: &str, members: &[Member], desired: &Ratios) -> Plan {
         };
         matched.insert(i);
         let m = &members[i];
-        let (to, clamped) = to_wire(ratio);
+        let (to, clamped) = to_wire(ratio, max);
         if clamped {
             out.clamped.push(format!(
-                "member {id}: ratio {ratio} is outside BIG-IP's {WIRE_MIN}..={WIRE_MAX}; sent {to}"
+                "member {id}: ratio {ratio} is outside the sink's {WIRE_MIN}..={max} (max_ratio); sent {to}"
             ));
         }
         if m.ratio == to {
@@ -134,7 +138,7 @@ mod tests {
     #[test]
     fn only_differences_change() {
         let members = [m("10.0.0.1:80", "10.0.0.1", 5), m("10.0.0.2:80", "10.0.0.2", 1)];
-        let p = plan("/Common/p", &members, &r(&[("10.0.0.1:80", 5), ("10.0.0.2:80", 7)]));
+        let p = plan("/Common/p", &members, &r(&[("10.0.0.1:80", 5), ("10.0.0.2:80", 7)]), 100);
         assert_eq!(p.unchanged, 1);
         assert_eq!(p.changes.len(), 1);
         assert_eq!(p.changes[0].name, "10.0.0.2:80");
@@ -154,6 +158,7 @@ mod tests {
             "/Common/p",
             &members,
             &r(&[("10.1.1.1%2:80", 2), ("[2001:db8::1]:80", 3), ("10.2.0.1:8000", 4), ("10.1.1.1:80", 5)]),
+            100,
         );
         let got: Vec<(String, u32)> = p.changes.iter().map(|c| (c.name.clone(), c.to)).collect();
         assert_eq!(
@@ -170,7 +175,7 @@ mod tests {
 
     #[test]
     fn route_domain_must_match() {
-        let p = plan("/Common/p", &[m("10.1.1.1%2:80", "10.1.1.1%2", 1)], &r(&[("10.1.1.1:80", 3)]));
+        let p = plan("/Common/p", &[m("10.1.1.1%2:80", "10.1.1.1%2", 1)], &r(&[("10.1.1.1:80", 3)]), 100);
         assert!(p.changes.is_empty());
         assert_eq!(p.missing.len(), 1);
         assert!(p.missing[0].contains("10.1.1.1:80") && p.missing[0].contains("/Common/p"));
@@ -181,17 +186,23 @@ mod tests {
     #[test]
     fn clamping_into_wire_range() {
         let members = [m("10.0.0.1:80", "10.0.0.1", 3), m("10.0.0.2:80", "10.0.0.2", 3)];
-        let p = plan("/Common/p", &members, &r(&[("10.0.0.1:80", 0), ("10.0.0.2:80", 70_000)]));
+        let p = plan("/Common/p", &members, &r(&[("10.0.0.1:80", 0), ("10.0.0.2:80", 70_000)]), WIRE_MAX);
         let got: Vec<u32> = p.changes.iter().map(|c| c.to).collect();
         assert_eq!(got, vec![1, 65_535]);
         assert_eq!(p.clamped.len(), 2);
-        assert_eq!(to_wire(1), (1, false));
-        assert_eq!(to_wire(65_535), (65_535, false));
+        assert_eq!(to_wire(1, WIRE_MAX), (1, false));
+        assert_eq!(to_wire(65_535, WIRE_MAX), (65_535, false));
+        // The default cap is F5's documented 100.
+        let p =
+            plan("/Common/p", &members, &r(&[("10.0.0.1:80", 100), ("10.0.0.2:80", 250)]), DEFAULT_MAX_RATIO);
+        let got: Vec<u32> = p.changes.iter().map(|c| c.to).collect();
+        assert_eq!(got, vec![100, 100]);
+        assert!(p.clamped[0].contains("1..=100"), "{:?}", p.clamped);
     }
 
     #[test]
     fn non_ip_ids_match_member_names() {
-        let p = plan("/Common/p", &[m("vllm-0:8000", "10.2.0.1", 1)], &r(&[("vllm-0:8000", 9)]));
+        let p = plan("/Common/p", &[m("vllm-0:8000", "10.2.0.1", 1)], &r(&[("vllm-0:8000", 9)]), 100);
         assert_eq!(p.changes.len(), 1);
         assert_eq!(member_id(&m("vllm-0:8000", "10.2.0.1", 1)).as_str(), "10.2.0.1:8000");
         assert_eq!(member_id(&m("fqdn-node:80", "any6", 1)).as_str(), "fqdn-node:80");

@@ -14,6 +14,11 @@
 //! Hence: one session per (URL, user, TLS settings) in the whole process, one token per session,
 //! extended before it runs out, replaced (and the old one deleted) when it cannot be extended, logged
 //! in again once on a 401, and deleted when the last sink using it shuts down.
+//!
+//! Two kinds of 401 are told apart by BIG-IP's message: `Authorization failed: user=... resource=...`
+//! means the token is fine but the user's role may not do this (logging in again would not help),
+//! anything else means the token is gone. Refused credentials are not sent again until the
+//! [`LoginGate`] allows it or the password changes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,6 +32,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::config::{AuthMode, F5Config};
+use super::login_gate::{LoginGate, Verdict};
 use super::wire;
 use crate::{SecretRef, SinkError};
 
@@ -80,6 +86,11 @@ impl CallError {
         }
     }
 
+    /// One line for logs and combined messages.
+    pub fn summary(&self) -> String {
+        describe(self)
+    }
+
     pub fn status(&self) -> Option<u16> {
         match self {
             CallError::Http { status, .. } => Some(*status),
@@ -91,6 +102,9 @@ impl CallError {
     pub fn into_sink_error(self, target: String) -> SinkError {
         match self {
             CallError::Transport(detail) => SinkError::Unreachable { target, detail },
+            CallError::Http { status, message } if is_permission_denial(status, &message) => {
+                SinkError::Forbidden { target, detail: format!("HTTP {status}: {message}") }
+            }
             CallError::Http { status, message } => {
                 let detail = format!("HTTP {status}: {message}");
                 match status {
@@ -103,6 +117,13 @@ impl CallError {
             CallError::Decode(detail) => SinkError::Rejected { target, detail },
         }
     }
+}
+
+/// BIG-IP answers a request its user's role does not allow with 401 `Authorization failed: user=...
+/// resource=... verb=...` (iControl REST RBAC) or 403; an expired or unknown token gets 401 with
+/// another message.
+fn is_permission_denial(status: u16, message: &str) -> bool {
+    status == 403 || (status == 401 && message.contains("Authorization failed"))
 }
 
 /// One request, described before it is sent (so it can be sent again).
@@ -133,8 +154,10 @@ struct SessionKey {
     login_provider: String,
     auth: AuthMode,
     ca_file: Option<std::path::PathBuf>,
+    pinned_cert: Option<std::path::PathBuf>,
     insecure: bool,
     timeout: Duration,
+    login_backoff: Duration,
 }
 
 fn registry() -> &'static Mutex<HashMap<SessionKey, Weak<Session>>> {
@@ -172,22 +195,27 @@ pub struct Session {
     client: reqwest::Client,
     password: SecretRef,
     token: tokio::sync::Mutex<Option<Token>>,
+    /// When refused credentials may be sent again.
+    gate: Mutex<LoginGate>,
     /// Sinks using this session that have not shut down yet.
     holders: AtomicUsize,
 }
 
 impl Session {
-    /// The session for this config, shared with every other sink pointing at the same BIG-IP as the
-    /// same user. The caller holds one "holder" count until it calls [`Session::release`].
-    pub fn shared(cfg: &F5Config, username: String) -> Result<Arc<Session>, SinkError> {
+    /// The session with the unit at `url` for this config, shared with every other sink pointing at
+    /// the same BIG-IP as the same user. The caller holds one "holder" count until it calls
+    /// [`Session::release`].
+    pub fn shared(cfg: &F5Config, url: &str, username: String) -> Result<Arc<Session>, SinkError> {
         let key = SessionKey {
-            url: cfg.url.trim_end_matches('/').to_string(),
+            url: url.trim_end_matches('/').to_string(),
             username,
             login_provider: cfg.login_provider.clone(),
             auth: cfg.auth,
             ca_file: cfg.ca_file.clone(),
+            pinned_cert: cfg.pinned_cert.clone(),
             insecure: cfg.insecure_skip_verify,
             timeout: cfg.timeout,
+            login_backoff: cfg.login_backoff,
         };
         let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
         reg.retain(|_, w| w.strong_count() > 0);
@@ -197,9 +225,10 @@ impl Session {
         }
         let session = Arc::new(Session {
             base: key.url.clone(),
-            client: build_client(cfg)?,
+            client: build_client(cfg, &key.url)?,
             password: cfg.password.clone(),
             token: tokio::sync::Mutex::new(None),
+            gate: Mutex::new(LoginGate::new(cfg.login_backoff)),
             holders: AtomicUsize::new(1),
             key: key.clone(),
         });
@@ -229,7 +258,9 @@ impl Session {
                 Ok(auth) => match self.send(req, Some(&auth)).await {
                     Ok(v) => return decode(v),
                     Err(CallError::Http { status: 401, message })
-                        if matches!(auth, Auth::Token(_)) && !logged_in_again =>
+                        if matches!(auth, Auth::Token(_))
+                            && !logged_in_again
+                            && !is_permission_denial(401, &message) =>
                     {
                         // The token expired or was revoked behind our back (BIG-IP restart, someone
                         // deleting tokens). Log in again once; a second 401 is a real refusal.
@@ -238,6 +269,13 @@ impl Session {
                             self.replace_token(t, message.contains("does not exist")).await?;
                         }
                         continue;
+                    }
+                    Err(CallError::Http { status: 401, message })
+                        if matches!(auth, Auth::Basic(_)) && !is_permission_denial(401, &message) =>
+                    {
+                        // Basic auth sends the password every time: a refusal counts like a refused
+                        // login against lockout policies.
+                        return Err(self.refused(message));
                     }
                     Err(e) => e,
                 },
@@ -289,6 +327,7 @@ impl Session {
         match self.key.auth {
             AuthMode::Basic => {
                 let password = self.password.resolve().map_err(CallError::Auth)?;
+                self.may_send(&password)?;
                 let raw = format!("{}:{}", self.key.username, password);
                 Ok(Auth::Basic(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(raw))))
             }
@@ -361,6 +400,7 @@ impl Session {
 
     async fn login(&self) -> Result<Token, CallError> {
         let password = self.password.resolve().map_err(CallError::Auth)?;
+        self.may_send(&password)?;
         let body = serde_json::to_value(wire::LoginRequest {
             username: &self.key.username,
             password: &password,
@@ -378,14 +418,62 @@ impl Session {
                     attempt += 1;
                     tokio::time::sleep(policy.delay(attempt)).await;
                 }
+                Err(CallError::Http { status: 401, message }) => return Err(self.refused(message)),
                 Err(e) => return Err(login_error(e, &self.key.username)),
             }
         };
+        let after = self.gate.lock().unwrap_or_else(|p| p.into_inner()).accepted();
+        if after > 0 {
+            tracing::warn!(bigip = %self.base, user = %self.key.username, refusals = after, "BIG-IP accepts the credentials again");
+        }
         let parsed: wire::LoginResponse = serde_json::from_value(answer)
             .map_err(|e| CallError::Decode(format!("login answer has no token.token/token.timeout: {e}")))?;
         let lifetime = Duration::from_secs(parsed.token.timeout.max(1));
         tracing::info!(bigip = %self.base, user = %self.key.username, lifetime_s = lifetime.as_secs(), "logged in to BIG-IP");
         Ok(Token { value: parsed.token.token, started, timeout: lifetime, initial: lifetime })
+    }
+
+    /// Refuse to send credentials BIG-IP refused before, until the wait is over or they change.
+    fn may_send(&self, password: &str) -> Result<(), CallError> {
+        let gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        match gate.check(Instant::now(), fingerprint(&self.key.username, password)) {
+            Verdict::Try => Ok(()),
+            Verdict::Wait { remaining, refusals } => Err(CallError::Auth(format!(
+                "BIG-IP refused the credentials of user {:?} {refusals} time(s); not sending them again for \
+                 {}s (or as soon as the password changes), so the account is not locked out",
+                self.key.username,
+                remaining.as_secs().max(1)
+            ))),
+        }
+    }
+
+    /// Note a refusal of the current credentials; warn once per streak of refusals.
+    fn refused(&self, message: String) -> CallError {
+        let password = self.password.resolve().unwrap_or_default();
+        let (wait, first) = self
+            .gate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .refused(Instant::now(), fingerprint(&self.key.username, &password));
+        let err = CallError::Auth(format!(
+            "BIG-IP refused the login of user {:?} ({message}); check the username/password Secret and \
+             login_provider. Next attempt in {}s, backing off up to 5 min, or at once when the password \
+             changes",
+            self.key.username,
+            wait.as_secs().max(1)
+        ));
+        if first {
+            tracing::warn!(bigip = %self.base, user = %self.key.username, wait_s = wait.as_secs(), "{}", describe(&err));
+        }
+        err
+    }
+
+    /// `/mgmt/tm/cm/failover-status`: `ACTIVE`, `STANDBY`, `OFFLINE`, `FORCED OFFLINE`, ...
+    pub async fn failover_status(&self, policy: RetryPolicy) -> Result<String, CallError> {
+        let v: Value = self.call(&Request::get("/mgmt/tm/cm/failover-status"), policy).await?;
+        wire::failover_status(&v).ok_or_else(|| {
+            CallError::Decode("failover-status answer has no entries.*.nestedStats status".into())
+        })
     }
 
     async fn extend(&self, token: &str, timeout: Duration) -> Result<(), CallError> {
@@ -435,13 +523,24 @@ fn decode<T: DeserializeOwned>(v: Value) -> Result<T, CallError> {
     serde_json::from_value(v).map_err(|e| CallError::Decode(format!("unexpected answer shape: {e}")))
 }
 
+/// A fingerprint of the credentials, to notice a rotated password without keeping it around twice.
+fn fingerprint(user: &str, password: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (user, password).hash(&mut h);
+    h.finish()
+}
+
+fn describe(e: &CallError) -> String {
+    match e {
+        CallError::Auth(m) | CallError::Transport(m) | CallError::Decode(m) => m.clone(),
+        CallError::Http { status, message } => format!("HTTP {status}: {message}"),
+    }
+}
+
 /// Login failures get advice; the password never appears.
 fn login_error(e: CallError, user: &str) -> CallError {
     match e {
-        CallError::Http { status: 401, message } => CallError::Auth(format!(
-            "BIG-IP refused the login of user {user:?} ({message}); check the username/password Secret and \
-             login_provider"
-        )),
         CallError::Http { status: 400, message } if message.contains("maximum active login tokens") => {
             CallError::Auth(format!(
                 "user {user:?} holds too many live tokens ({message}); delete stale ones \
@@ -505,39 +604,27 @@ fn describe_reqwest(e: reqwest::Error) -> String {
     if detail.contains("certificate") {
         detail.push_str(
             " (give the CA that signed the BIG-IP management certificate as ca_file; the certificate must \
-             name the host in url)",
+             name the host in url; a self-signed BIG-IP certificate is given as pinned_cert instead)",
         );
     }
     detail
 }
 
-fn build_client(cfg: &F5Config) -> Result<reqwest::Client, SinkError> {
-    let mut b = reqwest::Client::builder()
-        .timeout(cfg.timeout)
-        .connect_timeout(cfg.timeout)
-        .user_agent(concat!("llm-load-controller/", env!("CARGO_PKG_VERSION")));
-    if let Some(ca) = &cfg.ca_file {
-        let pem = std::fs::read(ca)
-            .map_err(|e| SinkError::Config(format!("f5: cannot read ca_file {}: {e}", ca.display())))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|e| SinkError::Config(format!("f5: ca_file {} is not PEM: {e}", ca.display())))?;
-        if certs.is_empty() {
-            return Err(SinkError::Config(format!("f5: ca_file {} holds no certificate", ca.display())));
-        }
-        for c in certs {
-            b = b.add_root_certificate(c);
-        }
-    }
+fn build_client(cfg: &F5Config, url: &str) -> Result<reqwest::Client, SinkError> {
+    let b = match &cfg.pinned_cert {
+        Some(pem) => crate::tls::pinned_builder(cfg.timeout, pem),
+        None => crate::tls::client_builder(cfg.timeout, cfg.ca_file.as_deref(), cfg.insecure_skip_verify),
+    };
+    let b = b.map_err(|e| SinkError::Config(format!("f5 TLS: {e}")))?;
     if cfg.insecure_skip_verify {
         tracing::warn!(
-            bigip = %cfg.url,
+            bigip = %url,
             "TLS verification of the BIG-IP is OFF (insecure_skip_verify): anyone on the path can read the \
-             credentials. Give ca_file with the BIG-IP's CA instead"
+             credentials. Give ca_file with the BIG-IP's CA, or pinned_cert with its own certificate"
         );
-        b = b.danger_accept_invalid_certs(true);
     }
-    if cfg.url.starts_with("http://") {
-        tracing::warn!(bigip = %cfg.url, "BIG-IP URL is plain http: credentials travel unencrypted");
+    if url.starts_with("http://") {
+        tracing::warn!(bigip = %url, "BIG-IP URL is plain http: credentials travel unencrypted");
     }
     b.build().map_err(|e| SinkError::Config(format!("f5: cannot build the HTTP client: {e}")))
 }

@@ -103,3 +103,30 @@ pub struct ErrorBody {
     #[serde(default)]
     pub message: Option<String>,
 }
+
+/// The unit's failover status from `GET /mgmt/tm/cm/failover-status`, shaped like every tmstats
+/// answer: `{"entries": {"https://localhost/mgmt/tm/cm/failover-status/0": {"nestedStats": {"entries":
+/// {"status": {"description": "ACTIVE"}, "color": ..., "summary": ...}}}}}`.
+pub fn failover_status(v: &serde_json::Value) -> Option<String> {
+    v.get("entries")?.as_object()?.values().find_map(|e| {
+        let status = e.get("nestedStats")?.get("entries")?.get("status")?.get("description")?;
+        status.as_str().map(|s| s.trim().to_ascii_uppercase())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn failover_status_is_read_from_the_nested_stats() {
+        let v = serde_json::json!({
+            "kind": "tm:cm:failover-status:failover-statusstats",
+            "entries": {"https://localhost/mgmt/tm/cm/failover-status/0": {"nestedStats": {"entries": {
+                "color": {"description": "green"},
+                "status": {"description": "ACTIVE"},
+                "summary": {"description": "1/1 active"}
+            }}}}
+        });
+        assert_eq!(super::failover_status(&v).as_deref(), Some("ACTIVE"));
+        assert_eq!(super::failover_status(&serde_json::json!({"entries": {}})), None);
+    }
+}

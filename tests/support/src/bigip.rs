@@ -65,6 +65,12 @@ pub struct DoubleConfig {
     pub transaction_timeout_s: u64,
     /// Seed for generated token values.
     pub seed: u64,
+    /// Time every request takes before it is processed: a management plane under load answers in
+    /// 100-300 ms per call, which is what a push's time budget must cope with.
+    pub latency: Duration,
+    /// Largest pool member ratio accepted. TMOS stores up to 65535; F5's AS3 schema and Ansible
+    /// modules give 1..100, and a front end enforcing that fails a transaction whole.
+    pub max_ratio: u64,
 }
 
 impl Default for DoubleConfig {
@@ -76,6 +82,8 @@ impl Default for DoubleConfig {
             max_tokens_per_user: 100,
             transaction_timeout_s: 120,
             seed: 1,
+            latency: Duration::ZERO,
+            max_ratio: 65_535,
         }
     }
 }
@@ -266,6 +274,10 @@ impl Recorded {
 }
 
 /// A running double. Stops when dropped.
+///
+/// One double is one BIG-IP unit. An HA pair is two doubles whose failover status the test sets
+/// ([`BigIpDouble::set_failover_status`]); config-sync between them is not modelled (the controller
+/// must write only to the active unit, which is what tests check).
 pub struct BigIpDouble {
     addr: SocketAddr,
     https: bool,
@@ -403,6 +415,21 @@ impl BigIpDouble {
         let mut s = lock(&self.state);
         s.expire();
         s.txns.values().map(|t| (t.id, format!("{:?}", t.state).to_uppercase(), t.commands.len())).collect()
+    }
+
+    /// Make this unit `ACTIVE`, `STANDBY`, `OFFLINE`, ... (a failover of an HA pair).
+    pub fn set_failover_status(&self, status: &str) {
+        lock(&self.state).failover = status.into();
+    }
+
+    /// Change the per-request latency while running (a management plane getting slower).
+    pub fn set_latency(&self, d: Duration) {
+        lock(&self.state).cfg.latency = d;
+    }
+
+    /// The most requests that were being processed at the same time.
+    pub fn max_in_flight(&self) -> usize {
+        lock(&self.state).max_in_flight
     }
 
     pub fn inject(&self, f: Fault) {

@@ -67,6 +67,18 @@ async fn handle(AxState(st): AxState<Shared>, req: Request<Body>) -> Response {
         fault: false,
     };
 
+    // A slow management plane: every request waits before it is looked at. Counted while in flight
+    // so tests can see how many calls a client overlaps.
+    let latency = {
+        let mut s = lock(&st);
+        s.in_flight += 1;
+        s.max_in_flight = s.max_in_flight.max(s.in_flight);
+        s.cfg.latency
+    };
+    let _in_flight = InFlight(st.clone());
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
     let fault = lock(&st).take_fault(&inc.method, &inc.raw_path);
     let reply = match fault {
         Some(FaultKind::Hang(d)) => {
@@ -110,6 +122,15 @@ async fn handle(AxState(st): AxState<Shared>, req: Request<Body>) -> Response {
     record.status = reply.status;
     lock(&st).log.push(record);
     into_response(reply)
+}
+
+/// Decrements the in-flight count when the request ends, also when the client hung up.
+struct InFlight(Shared);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        lock(&self.0).in_flight -= 1;
+    }
 }
 
 fn header(h: &HeaderMap, name: &str) -> Option<String> {
@@ -257,6 +278,7 @@ fn dispatch(s: &mut State, inc: &Incoming) -> Reply {
 
     match (segs.as_slice(), m) {
         (["mgmt", "shared", "authz", "tokens", tok], _) => s.token_op(&user, m, tok, Some(&body)),
+        (["mgmt", "tm", "cm", "failover-status"], "GET") => s.failover_status(),
         (["mgmt", "tm", "transaction"], "POST") => s.txn_create(&user),
         (["mgmt", "tm", "transaction"], "GET") => s.txn_list(),
         (["mgmt", "tm", "transaction", id, rest @ ..], _) => {

@@ -196,6 +196,11 @@ pub struct State {
     pub generation: u64,
     pub rest_op: u64,
     pub offset: Duration,
+    /// This unit's failover status (`ACTIVE`, `STANDBY`, ...), as `/mgmt/tm/cm/failover-status` says.
+    pub failover: String,
+    /// Requests being processed now, and the most seen at once.
+    pub in_flight: usize,
+    pub max_in_flight: usize,
     last_trans_id: u64,
     rng: StdRng,
 }
@@ -235,9 +240,28 @@ impl State {
             generation: 1,
             rest_op: 1000,
             offset: Duration::ZERO,
+            failover: "ACTIVE".into(),
+            in_flight: 0,
+            max_in_flight: 0,
             last_trans_id: 0,
             rng,
         }
+    }
+
+    /// `GET /mgmt/tm/cm/failover-status`, shaped like BIG-IP's tmstats answers.
+    pub fn failover_status(&self) -> Reply {
+        let color = if self.failover == "ACTIVE" { "green" } else { "gray" };
+        let link = "https://localhost/mgmt/tm/cm/failover-status/0";
+        Reply::ok(serde_json::json!({
+            "kind": "tm:cm:failover-status:failover-statusstats",
+            "selfLink": self.self_link("/mgmt/tm/cm/failover-status"),
+            "entries": { link: { "nestedStats": { "entries": {
+                "color": {"description": color},
+                "status": {"description": self.failover},
+                "summary": {"description": format!("1/1 {}", self.failover.to_lowercase())},
+                "https://localhost/mgmt/tm/cm/failoverStatus/0/details": {"nestedStats": {"entries": {}}}
+            }}}}
+        }))
     }
 
     // ---------------------------------------------------------------- clock and identities
@@ -671,7 +695,7 @@ impl State {
     }
 
     /// Validate a PATCH/PUT body for a member. `Err` is BIG-IP's 400 answer.
-    fn check_member_body(current: &Member, body: &Value) -> Result<(), Reply> {
+    fn check_member_body(current: &Member, body: &Value, max_ratio: u64) -> Result<(), Reply> {
         let Some(obj) = body.as_object() else {
             return Err(Reply::tm_error(400, "the request body must be a JSON object", 1));
         };
@@ -705,7 +729,10 @@ impl State {
             }
             let int_range = match k {
                 // BIG-IP: pool member ratio is an integer from 1 to 65535 (default 1).
-                "ratio" | "dynamicRatio" => Some((1u64, 65_535u64)),
+                // Some versions and front ends (AS3, the Ansible modules) allow only 1..100:
+                // `DoubleConfig::max_ratio` models those.
+                "ratio" => Some((1u64, max_ratio)),
+                "dynamicRatio" => Some((1u64, 65_535u64)),
                 "priorityGroup" => Some((0, 65_535)),
                 "connectionLimit" => Some((0, u32::MAX as u64)),
                 _ => None,
@@ -776,6 +803,7 @@ impl State {
         member: &(String, String),
         body: &Value,
         generation: u64,
+        max_ratio: u64,
     ) -> Result<(), Reply> {
         let Some(p) = pools.get_mut(pool) else {
             return Err(Self::pool_not_found(pool));
@@ -783,7 +811,7 @@ impl State {
         let Some(m) = p.members.iter_mut().find(|m| m.partition == member.0 && m.name == member.1) else {
             return Err(Self::member_not_found(pool, &member.0, &member.1));
         };
-        Self::check_member_body(m, body)?;
+        Self::check_member_body(m, body, max_ratio)?;
         Self::write_member(m, method, body, generation);
         Ok(())
     }
@@ -802,7 +830,16 @@ impl State {
             return self.enqueue(id, w);
         }
         let generation = self.bump_generation();
-        match Self::run_member_write(&mut self.pools, w.method, w.pool, w.member, w.body, generation) {
+        let max_ratio = self.cfg.max_ratio;
+        match Self::run_member_write(
+            &mut self.pools,
+            w.method,
+            w.pool,
+            w.member,
+            w.body,
+            generation,
+            max_ratio,
+        ) {
             Ok(()) => self.member_get(w.pool, w.member),
             Err(r) => r,
         }
@@ -975,10 +1012,17 @@ impl State {
         let validate_only = body.get("validateOnly").and_then(Value::as_bool).unwrap_or(false);
         let mut scratch = self.pools.clone();
         let generation = self.bump_generation();
+        let max_ratio = self.cfg.max_ratio;
         for c in &t.commands {
-            if let Err(r) =
-                Self::run_member_write(&mut scratch, &c.method, &c.pool, &c.member, &c.body, generation)
-            {
+            if let Err(r) = Self::run_member_write(
+                &mut scratch,
+                &c.method,
+                &c.pool,
+                &c.member,
+                &c.body,
+                generation,
+                max_ratio,
+            ) {
                 // All or nothing: the live pools are untouched.
                 let reason = match &r.body {
                     ReplyBody::Json(v) => v.get("message").and_then(Value::as_str).unwrap_or("").to_string(),

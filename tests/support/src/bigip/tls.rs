@@ -94,6 +94,24 @@ impl TlsFiles {
         TlsFiles { ca_cert: p("ca.crt"), server_cert: p("server.crt"), server_key: p("server.key") }
     }
 
+    /// A self-signed certificate as a BIG-IP makes for its management port, made the way
+    /// `openssl req -x509` does by default: marked as a CA, named `localhost.localdomain`, no
+    /// subject alternative name for the address clients use. `ca_cert` is the certificate itself.
+    pub fn self_signed(dir: &Path, name: &str) -> TlsFiles {
+        let cert = dir.join(format!("{name}.crt"));
+        let key = dir.join(format!("{name}.key"));
+        let out = Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"])
+            .args(["-days", "2", "-subj", "/CN=localhost.localdomain", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .expect("run openssl (install the openssl package)");
+        assert!(out.status.success(), "openssl req -x509 failed: {}", String::from_utf8_lossy(&out.stderr));
+        TlsFiles { ca_cert: cert.clone(), server_cert: cert, server_key: key }
+    }
+
     fn server_config(&self) -> Arc<ServerConfig> {
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.server_cert)
             .and_then(|it| it.collect::<Result<_, _>>())
