@@ -524,6 +524,19 @@ impl Config {
             for (field, msg) in p.sink.validate() {
                 err(at(&format!("sink.{field}")), &msg);
             }
+            if let SinkConfig::F5(f5) = &p.sink {
+                if p.ratio.max > f5.max_ratio {
+                    err(
+                        at("ratio.max"),
+                        &format!(
+                            "{} is above the F5 sink's max_ratio {}: F5 documents pool member ratio as 1..100 \
+                             (AS3, Ansible), and a BIG-IP that enforces it fails the whole transaction. Lower \
+                             ratio.max, or set sink.max_ratio (up to 65535) if your BIG-IP accepts more",
+                            p.ratio.max, f5.max_ratio
+                        ),
+                    );
+                }
+            }
             if let Some(c) = &p.change {
                 for (field, msg) in c.validate() {
                     err(at(&field), &msg);

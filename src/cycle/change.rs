@@ -40,7 +40,8 @@ impl ChangePolicy {
 
     pub fn default_for(sink: &SinkConfig) -> ChangePolicy {
         match sink {
-            SinkConfig::F5(_) => ChangePolicy::CONFIGURATION,
+            // In sideband mode nothing is written to BIG-IP: the iRule reads every change for free.
+            SinkConfig::F5(f) if f.mode == llm_lc_adapters::f5::F5Mode::Push => ChangePolicy::CONFIGURATION,
             _ => ChangePolicy::EVERY_CHANGE,
         }
     }
