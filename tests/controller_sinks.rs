@@ -25,10 +25,14 @@ struct Running {
 
 impl Running {
     fn start(config_body: &str) -> Running {
+        Running::start_every("300ms", config_body)
+    }
+
+    fn start_every(interval: &str, config_body: &str) -> Running {
         let dir = tempfile::tempdir().expect("tmp");
         let listen = ports::free_port();
         let cfg = dir.path().join("controller.yaml");
-        std::fs::write(&cfg, format!("interval: 300ms\nlisten: 127.0.0.1:{listen}\n{config_body}"))
+        std::fs::write(&cfg, format!("interval: {interval}\nlisten: 127.0.0.1:{listen}\n{config_body}"))
             .expect("config");
         let out = Command::new(BIN).args(["check", "--config"]).arg(&cfg).output().expect("check");
         assert!(out.status.success(), "config rejected: {}", String::from_utf8_lossy(&out.stderr));
@@ -139,6 +143,49 @@ async fn f5_loop_rides_through_faults_and_ends_with_the_desired_ratios() {
     let status = run.stop().await;
     assert!(status.success(), "{status:?}\n{log}");
     assert_eq!(d.live_tokens("svc-llm"), 0, "the login token is deleted on shutdown");
+}
+
+/// A management plane under load: every call takes 150 ms. 40 members, a 2 s interval: a push makes
+/// about 45 calls, more than one interval one after another, so it must run with its own budget and
+/// queue its PATCHes concurrently; the cycles meanwhile report `in_progress`, and one token serves it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f5_on_a_slow_management_plane_applies_forty_members_with_one_login() {
+    let mut targets = Vec::new();
+    for i in 0..40 {
+        let f = f64::from(i) / 39.0;
+        targets.push(MetricsTarget::vllm(8.0 * f, 4.0 + 40.0 * f, 0.1 + 0.8 * f).await);
+    }
+    let d = BigIpDouble::start_with(DoubleConfig { latency: Duration::from_millis(150), ..DoubleConfig::default() })
+        .await;
+    d.add_user(UserSpec::new("svc-llm", "pw-123", Role::ApplicationEditor));
+    let mut pool = PoolSpec::new("/Common/llm_pool").mode("ratio-least-connections-member");
+    for x in &targets {
+        pool = pool.member(MemberSpec::ip("127.0.0.1", x.addr.port()));
+    }
+    d.add_pool(pool);
+    let run = Running::start_every(
+        "2s",
+        &format!(
+            "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ from_lb: true }}\n    sink:\n      kind: f5\n      url: '{}'\n      pool: /Common/llm_pool\n      username: svc-llm\n      password: {{ value: pw-123 }}\n",
+            d.url()
+        ),
+    );
+    let started = std::time::Instant::now();
+    wait::until(Duration::from_secs(40), "BIG-IP to hold the controller's 40 ratios", || async {
+        let want = run.ratios("llm").await?;
+        let have = d.ratios("/Common/llm_pool");
+        (want.len() == 40 && want == have && have.values().any(|&r| r != 1)).then_some(())
+    })
+    .await;
+    let took = started.elapsed();
+    let log = d.requests();
+    let logins = log.iter().filter(|r| r.path == "/mgmt/shared/authn/login").count();
+    assert!(logins <= 3, "{logins} logins");
+    let open = d.transactions().into_iter().filter(|(_, state, _)| state == "STARTED").count();
+    assert_eq!(open, 0, "a transaction was left open");
+    eprintln!("40 members at 150 ms per call: applied {took:?} after start, {logins} login(s), {} calls", log.len());
+    let status = run.stop().await;
+    assert!(status.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
