@@ -1,6 +1,7 @@
 //! The controller's own HTTP endpoint: `/metrics` (OpenMetrics text), `/healthz`, `/readyz`,
-//! `GET /v1/ratios` (the last cycle as JSON), `GET /v1/history` (the last cycles, for charts) and a
-//! live status page at `/` that polls those two.
+//! `GET /v1/ratios` (the last cycle as JSON), `GET /v1/ratios/{pool}` (one pool as text lines, for
+//! load balancers that pull ratios), `GET /v1/history` (the last cycles, for charts) and a live
+//! status page at `/` that polls `/v1/history`.
 //!
 //! Readiness means "the controller is doing its job": ready after the first cycle in which some pool
 //! computed ratios from fresh data, unready again when no such cycle happened within
@@ -10,7 +11,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -26,6 +27,7 @@ use crate::report::CycleReport;
 
 pub mod history;
 pub mod process;
+pub mod sideband;
 
 /// The OpenMetrics content type: prometheus-client writes OpenMetrics (`# EOF`, counter families
 /// named without `_total`), which Prometheus' classic text parser would misread.
@@ -338,6 +340,7 @@ impl Telemetry {
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(readyz))
             .route("/v1/ratios", get(ratios))
+            .route("/v1/ratios/{pool}", get(pool_ratios_text))
             .route("/v1/history", get(history_json))
             .with_state(self.clone())
     }
@@ -361,6 +364,21 @@ async fn ratios(State(t): State<Arc<Telemetry>>) -> Response {
             Json(serde_json::json!({"error": "no cycle has completed yet"})),
         )
             .into_response(),
+    }
+}
+
+/// `GET /v1/ratios/{pool}`: the pool's ratios as text lines (see [`sideband`]).
+async fn pool_ratios_text(State(t): State<Arc<Telemetry>>, Path(pool): Path<String>) -> Response {
+    let Some(report) = t.last_report() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "# no cycle has completed yet\n").into_response();
+    };
+    match sideband::pool_text(&report, &pool) {
+        Some(text) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response(),
+        None => {
+            let known: Vec<&str> = report.pools.iter().map(|p| p.pool.as_str()).collect();
+            (StatusCode::NOT_FOUND, format!("# no pool {pool:?}; pools: {}\n", known.join(", ")))
+                .into_response()
+        }
     }
 }
 

@@ -155,8 +155,11 @@ async fn f5_on_a_slow_management_plane_applies_forty_members_with_one_login() {
         let f = f64::from(i) / 39.0;
         targets.push(MetricsTarget::vllm(8.0 * f, 4.0 + 40.0 * f, 0.1 + 0.8 * f).await);
     }
-    let d = BigIpDouble::start_with(DoubleConfig { latency: Duration::from_millis(150), ..DoubleConfig::default() })
-        .await;
+    let d = BigIpDouble::start_with(DoubleConfig {
+        latency: Duration::from_millis(150),
+        ..DoubleConfig::default()
+    })
+    .await;
     d.add_user(UserSpec::new("svc-llm", "pw-123", Role::ApplicationEditor));
     let mut pool = PoolSpec::new("/Common/llm_pool").mode("ratio-least-connections-member");
     for x in &targets {
@@ -183,7 +186,10 @@ async fn f5_on_a_slow_management_plane_applies_forty_members_with_one_login() {
     assert!(logins <= 3, "{logins} logins");
     let open = d.transactions().into_iter().filter(|(_, state, _)| state == "STARTED").count();
     assert_eq!(open, 0, "a transaction was left open");
-    eprintln!("40 members at 150 ms per call: applied {took:?} after start, {logins} login(s), {} calls", log.len());
+    eprintln!(
+        "40 members at 150 ms per call: applied {took:?} after start, {logins} login(s), {} calls",
+        log.len()
+    );
     let status = run.stop().await;
     assert!(status.success());
 }

@@ -20,7 +20,10 @@ use serde_yaml_ng::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
 
 fn overlay(name: &str) -> Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/openshift/overlays").join(name).join("controller.yaml");
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/openshift/overlays")
+        .join(name)
+        .join("controller.yaml");
     serde_yaml_ng::from_str(&std::fs::read_to_string(&p).expect("read overlay config")).expect("overlay YAML")
 }
 
@@ -75,7 +78,9 @@ impl Lab {
         let prometheus = Prometheus::start("vllm", &addrs).await;
         // Every target scraped: its `up` and its series.
         prometheus.wait_for_series(r#"up{job="vllm"}"#, 3, Duration::from_secs(30)).await;
-        prometheus.wait_for_series("count by (instance) (vllm:num_requests_waiting)", 3, Duration::from_secs(30)).await;
+        prometheus
+            .wait_for_series("count by (instance) (vllm:num_requests_waiting)", 3, Duration::from_secs(30))
+            .await;
         Lab { targets, prometheus, dir: tempfile::tempdir().expect("tmp") }
     }
 
@@ -107,7 +112,11 @@ impl Lab {
         let path = self.file(&format!("{name}.yaml"), &serde_yaml_ng::to_string(cfg).expect("yaml"));
         let check = Command::new(BIN).args(["check", "--config"]).arg(&path).output().expect("check");
         assert!(check.status.success(), "{name}: check: {}", String::from_utf8_lossy(&check.stderr));
-        let out = Command::new(BIN).args(["run", "--dry-run", "--once", "--config"]).arg(&path).output().expect("run");
+        let out = Command::new(BIN)
+            .args(["run", "--dry-run", "--once", "--config"])
+            .arg(&path)
+            .output()
+            .expect("run");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{name}: exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
@@ -115,7 +124,8 @@ impl Lab {
             let line = stdout.lines().find(|l| l.contains(&m));
             let ratio = line.and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("ratio=")));
             assert!(
-                line.is_some_and(|l| l.split_whitespace().any(|w| w.parse::<u32>().is_ok())) || ratio.is_some(),
+                line.is_some_and(|l| l.split_whitespace().any(|w| w.parse::<u32>().is_ok()))
+                    || ratio.is_some(),
                 "{name}: no ratio printed for member {m}:\n{stdout}"
             );
         }
@@ -155,13 +165,10 @@ async fn bigip_overlay_dry_run_reads_the_pool_and_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn haproxy_overlay_dry_run_reads_the_backend_and_writes_nothing() {
     let lab = Lab::start().await;
-    let servers: String = lab
-        .members()
-        .iter()
-        .enumerate()
-        .map(|(i, m)| format!("    server s{i} {m} weight 10\n"))
-        .collect();
-    let haproxy = Haproxy::start(&standard_config(&format!("backend llm\n    balance leastconn\n{servers}"))).await;
+    let servers: String =
+        lab.members().iter().enumerate().map(|(i, m)| format!("    server s{i} {m} weight 10\n")).collect();
+    let haproxy =
+        Haproxy::start(&standard_config(&format!("backend llm\n    balance leastconn\n{servers}"))).await;
     let before = haproxy.state_weights("llm").await;
 
     let mut cfg = lab.localize("haproxy");

@@ -169,7 +169,10 @@ async fn an_ha_pair_is_written_on_its_active_unit_and_a_failover_is_followed() {
     // Neither active (both rebooting, or split brain resolved to none): a passing error, no write.
     b.set_failover_status("OFFLINE");
     let err = sink.apply(&spread(3, 11)).await.expect_err("no active unit");
-    assert!(matches!(err, SinkError::Temporary { .. }) && err.to_string().contains("no unit is ACTIVE"), "{err}");
+    assert!(
+        matches!(err, SinkError::Temporary { .. }) && err.to_string().contains("no unit is ACTIVE"),
+        "{err}"
+    );
     assert!(err.to_string().contains("STANDBY") && err.to_string().contains("OFFLINE"), "{err}");
     assert_eq!(b.ratio(POOL, "10.0.1.1:8000"), Some(9));
 }

@@ -1,0 +1,265 @@
+//! Sideband mode for CIS/AS3-owned pools: the controller writes nothing to BIG-IP, and the iRule
+//! (deploy/bigip/irule/sideband.tcl) pulls `/v1/ratios/POOL` and weights its member choice by it.
+//!
+//! No BIG-IP runs here, so the iRule runs under the real Tcl interpreter with the BIG-IP commands it
+//! uses defined as a double written from F5's iRule reference: `table` (subtables, lifetimes on a
+//! clock the test moves), `connect`/`send`/`recv`/`close` over real TCP sockets to the running
+//! controller, `active_members`, `LB::server pool`, `pool ... member`. Connections are namespaces, so
+//! variables live per connection as in a real iRule.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use llm_lc_testkit::bigip::{BigIpDouble, MemberSpec, PoolSpec, Role, UserSpec};
+use llm_lc_testkit::metrics_target::MetricsTarget;
+use llm_lc_testkit::{ports, wait};
+
+const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
+
+const DOUBLE: &str = r#"
+namespace eval static {}
+rename close tcl_close
+set ::now 0
+set ::connects 0
+set ::logs {}
+proc when { event args } { set ::handlers($event) [lindex $args end] }
+proc call { name args } { uplevel 1 [list $name {*}$args] }
+proc log { args } { lappend ::logs [lindex $args end] }
+# Each client connection is a namespace: iRule variables are per connection.
+proc fire { conn event } {
+    # RULE_INIT runs once for the rule, outside any connection.
+    if { $event eq "RULE_INIT" } { namespace eval :: $::handlers($event); return }
+    namespace eval ::conn$conn $::handlers($event)
+}
+
+# Options first, then positional arguments; returns {options positional}.
+proc split_opts { argv } {
+    set opts {}
+    set pos {}
+    set i 0
+    while { $i < [llength $argv] } {
+        set a [lindex $argv $i]
+        if { [lsearch -exact {-timeout -idle -status -protocol -subtable} $a] >= 0 } {
+            lappend opts $a [lindex $argv [incr i]]
+        } elseif { [lsearch -exact {-notouch -mustexist -peek -eol} $a] >= 0 } {
+            lappend opts $a 1
+        } else {
+            set pos [lrange $argv $i end]
+            break
+        }
+        incr i
+    }
+    return [list $opts $pos]
+}
+proc opt { opts name default } {
+    foreach {k v} $opts { if { $k eq $name } { return $v } }
+    return $default
+}
+
+# table: values with an absolute lifetime on ::now (timeouts are `indefinite` in the iRule).
+proc table { sub args } {
+    lassign [split_opts $args] opts pos
+    set st [opt $opts -subtable ""]
+    set key [lindex $pos 0]
+    set id "$st\x00$key"
+    if { [info exists ::tbl_exp($id)] && $::tbl_exp($id) ne "" && $::now >= $::tbl_exp($id) } {
+        unset ::tbl($id) ::tbl_exp($id)
+    }
+    switch -- $sub {
+        lookup { if { [info exists ::tbl($id)] } { return $::tbl($id) }; return "" }
+        add - set {
+            if { $sub eq "add" && [info exists ::tbl($id)] } { return $::tbl($id) }
+            set ::tbl($id) [lindex $pos 1]
+            set life [lindex $pos 3]
+            set ::tbl_exp($id) [expr { $life eq "" || $life eq "indefinite" ? "" : $::now + $life }]
+            return $::tbl($id)
+        }
+        incr {
+            set delta [expr { [llength $pos] > 1 ? [lindex $pos 1] : 1 }]
+            if { ![info exists ::tbl($id)] } { set ::tbl($id) 0; set ::tbl_exp($id) "" }
+            set ::tbl($id) [expr { $::tbl($id) + $delta }]
+            return $::tbl($id)
+        }
+    }
+    error "double: unsupported table $sub"
+}
+
+# Sideband over real sockets.
+proc connect { args } {
+    lassign [split_opts $args] opts pos
+    upvar 1 [opt $opts -status cs_unused] st
+    incr ::connects
+    set dest [lindex $pos 0]
+    set i [string last : $dest]
+    if { [catch { socket [string range $dest 0 [expr {$i - 1}]] [string range $dest [expr {$i + 1}] end] } s] } {
+        set st failed
+        return ""
+    }
+    fconfigure $s -translation binary -buffering none
+    set st connected
+    return $s
+}
+proc send { args } {
+    lassign [split_opts $args] opts pos
+    upvar 1 [opt $opts -status ss_unused] st
+    puts -nonewline [lindex $pos 0] [lindex $pos 1]
+    flush [lindex $pos 0]
+    set st sent
+    return [string length [lindex $pos 1]]
+}
+proc recv { args } {
+    lassign [split_opts $args] opts pos
+    upvar 1 [opt $opts -status rs_unused] st
+    upvar 1 [lindex $pos 2] out
+    set out [read [lindex $pos 1] [lindex $pos 0]]
+    set st closed
+    return [string length $out]
+}
+proc close { conn } { tcl_close $conn }
+
+namespace eval LB { proc server { what } { return $::cur_pool } }
+proc active_members { flag pool } { return $::active($pool) }
+proc pool { name args } { set ::picked [list $name {*}$args] }
+"#;
+
+/// Run the double, the iRule and `driver` in tclsh; its stdout.
+fn tclsh(driver: &str) -> String {
+    let irule = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/bigip/irule/sideband.tcl"),
+    )
+    .expect("read sideband.tcl");
+    let script = format!("{DOUBLE}\n{irule}\nfire 0 RULE_INIT\n{driver}\n");
+    // From a file: tclsh reading stdin carries on after an error and exits 0.
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("sideband-test.tcl");
+    std::fs::write(&path, script).expect("write script");
+    let out = Command::new("tclsh").arg(&path).output().expect("run tclsh (install the tcl package)");
+    assert!(out.status.success(), "tclsh failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+struct Controller {
+    child: Child,
+    listen: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sideband_irule_weights_members_by_the_controllers_ratios_and_bigip_is_never_written() {
+    let targets = vec![
+        MetricsTarget::vllm(0.0, 2.0, 0.10).await,
+        MetricsTarget::vllm(2.0, 20.0, 0.50).await,
+        MetricsTarget::vllm(12.0, 60.0, 0.95).await,
+    ];
+    let members: Vec<String> = targets.iter().map(MetricsTarget::member).collect();
+    let bigip = BigIpDouble::start().await;
+    bigip.add_user(UserSpec::new("svc-llm", "pw", Role::ApplicationEditor));
+    let mut pool = PoolSpec::new("/Common/llm_pool").mode("least-connections-member");
+    for t in &targets {
+        pool = pool.member(MemberSpec::ip("127.0.0.1", t.addr.port()));
+    }
+    bigip.add_pool(pool);
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let listen = ports::free_port();
+    let cfg = dir.path().join("controller.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interval: 300ms\nlisten: 127.0.0.1:{listen}\nsources:\n  direct: {{ kind: scrape, timeout: 1s }}\n\
+             pools:\n  - name: llm\n    source: direct\n    members: {{ from_lb: true }}\n    sink:\n      kind: f5\n      \
+             mode: sideband\n      url: '{}'\n      pool: /Common/llm_pool\n      username: svc-llm\n      password: {{ value: pw }}\n",
+            bigip.url()
+        ),
+    )
+    .expect("config");
+    let child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start controller");
+    let controller = Controller { child, listen, _dir: dir };
+
+    // The controller's text for the pool, once every member has a ratio.
+    let url = format!("http://127.0.0.1:{}/v1/ratios/llm", controller.listen);
+    let text = wait::until(Duration::from_secs(20), "ratios for every member", || async {
+        let t = reqwest::get(&url).await.ok()?.text().await.ok()?;
+        (members.iter().all(|m| t.contains(&m.replace(':', " ")))).then_some(t)
+    })
+    .await;
+    let ratios: BTreeMap<String, f64> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            Some((format!("{} {}", f.first()?, f.get(1)?), f.get(2)?.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(ratios.len(), 3, "{text}");
+
+    let active: Vec<String> = targets.iter().map(|t| format!("{{127.0.0.1 {}}}", t.addr.port())).collect();
+    let driver = format!(
+        r#"
+set static::llmlc_controller "127.0.0.1:{port}"
+set static::llmlc_pools [list /Common/llm_pool llm]
+set ::cur_pool /Common/llm_pool
+set ::active(/Common/llm_pool) [list {active}]
+proc run {{ n tag }} {{
+    for {{set i 0}} {{$i < $n}} {{incr i}} {{
+        set ::picked ""
+        # 24 keep-alive connections: each new request ends that connection's previous one.
+        fire [expr {{$i % 24}}] HTTP_REQUEST
+        if {{ $::picked eq "" }} {{ incr ::count($tag,none) }} else {{ incr ::count($tag,[lrange $::picked 2 3]) }}
+    }}
+    puts "connects $tag $::connects"
+}}
+run 1200 steady
+set ::now 6
+run 10 refreshed
+# The controller gone for longer than the ratios live: the pool's own mode decides again.
+set static::llmlc_controller "127.0.0.1:1"
+set ::now 70
+run 10 gone
+foreach k [lsort [array names ::count]] {{ puts "pick $k $::count($k)" }}
+foreach l $::logs {{ puts "log $l" }}
+"#,
+        port = controller.listen,
+        active = active.join(" "),
+    );
+    let out = tclsh(&driver);
+    let line_value = |prefix: &str| -> Option<u64> {
+        out.lines().find_map(|l| l.strip_prefix(prefix)).and_then(|v| v.trim().parse().ok())
+    };
+    assert_eq!(line_value("connects steady "), Some(1), "one fetch while the refresh period lasts:\n{out}");
+    assert_eq!(line_value("connects refreshed "), Some(2), "fetched again after it:\n{out}");
+
+    // Picks follow the ratios: each member's share of 1200 within 5 points of its ratio share.
+    let total: f64 = ratios.values().sum();
+    for (member, r) in &ratios {
+        let picks = line_value(&format!("pick steady,{member} ")).unwrap_or(0) as f64;
+        let (got, want) = (picks / 1200.0, r / total);
+        assert!((got - want).abs() < 0.05, "{member}: {got:.3} of picks, ratio share {want:.3}\n{out}");
+    }
+    assert_eq!(line_value("pick steady,none "), None, "every request weighted:\n{out}");
+    assert_eq!(line_value("pick gone,none "), Some(10), "no ratios left, the pool decides:\n{out}");
+    assert!(out.contains("log llmlc: cannot connect"), "{out}");
+
+    let writes: Vec<_> = bigip
+        .requests()
+        .into_iter()
+        .filter(|r| r.method != "GET" && !r.path.starts_with("/mgmt/shared/"))
+        .collect();
+    assert!(writes.is_empty(), "sideband mode wrote to BIG-IP: {writes:?}");
+    assert!(bigip.ratios("/Common/llm_pool").values().all(|&r| r == 1));
+}
