@@ -523,6 +523,10 @@ impl PoolRuntime {
             }),
         };
         let now = Instant::now();
+        for inst in self.sink.instances() {
+            let l = labels(&[("pool", &pool), ("sink", kind), ("instance", &inst.address)]);
+            telemetry.metrics.sink_instance_ok.get_or_create(&l).set(if inst.ok { 1.0 } else { 0.0 });
+        }
         match result {
             Ok(applied) => {
                 // Reconciling sinks report the same warnings every cycle; log them when they change.

@@ -58,6 +58,7 @@ pub struct Metrics {
     pub pushes: FCounter,
     /// Member ratios written on load balancers, by pool and sink (each is a config change on BIG-IP).
     pub sink_writes: FCounter,
+    pub sink_instance_ok: FGauge,
     /// Members of the pool the controller knows (next to `pool_fresh_members`).
     pub pool_members: FGauge,
     /// Members that could not be read, by pool, member and a bounded reason.
@@ -133,6 +134,12 @@ impl Metrics {
             "llmlc_sink_writes",
             "Member ratios written on the load balancer by pool and sink (a configuration change on BIG-IP)",
         );
+        let sink_instance_ok = g(
+            &mut r,
+            "llmlc_sink_instance_ok",
+            "1 when the last push was applied on this load-balancer instance (each HAProxy instance, the ACTIVE \
+             unit of a BIG-IP HA pair), else 0; only for sinks with several instances",
+        );
         let pool_members = g(&mut r, "llmlc_pool_members", "Members the controller knows in the pool");
         let member_errors = c(
             &mut r,
@@ -178,6 +185,7 @@ impl Metrics {
             samples_rejected,
             pushes,
             sink_writes,
+            sink_instance_ok,
             pool_members,
             member_errors,
             last_good_cycle,

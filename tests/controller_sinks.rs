@@ -337,3 +337,38 @@ async fn slowed_replica_loses_traffic_behind_haproxy_leastconn() {
     assert!(status.success());
     fleet.shutdown().await;
 }
+
+/// Two HAProxy instances behind one pool: each one's state is a metric, so an instance that stopped
+/// taking weights shows while the other keeps going.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_haproxy_instance_reports_whether_it_took_the_push() {
+    use llm_lc_testkit::haproxy::{standard_config, Haproxy};
+    let t = targets().await;
+    let servers: String =
+        t.iter().enumerate().map(|(i, x)| format!("    server s{i} {} weight 1\n", x.member())).collect();
+    let template = standard_config(&format!("backend llm\n    balance leastconn\n{servers}"));
+    let one = Haproxy::start(&template).await;
+    let mut two = Haproxy::start(&template).await;
+    let (a, b) = (one.runtime_address(), two.runtime_tcp_address());
+    let run = Running::start(&format!(
+        "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: [{}] }}\n    sink: {{ kind: haproxy, addresses: ['{a}', '{b}'], backend: llm, timeout: 500ms }}\n",
+        t.iter().map(|x| format!("'{}'", x.member())).collect::<Vec<_>>().join(", ")
+    ));
+    let gauge = |m: &str, addr: &str| {
+        let prefix = format!("llmlc_sink_instance_ok{{pool=\"llm\",sink=\"haproxy\",instance=\"{addr}\"}} ");
+        m.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    wait::until(Duration::from_secs(20), "both instances took a push", || async {
+        let m = run.metrics().await;
+        (gauge(&m, &a) == Some(1.0) && gauge(&m, &b) == Some(1.0)).then_some(())
+    })
+    .await;
+    two.stop().await;
+    wait::until(Duration::from_secs(20), "the stopped instance shows 0, the other still 1", || async {
+        let m = run.metrics().await;
+        (gauge(&m, &a) == Some(1.0) && gauge(&m, &b) == Some(0.0)).then_some(())
+    })
+    .await;
+    let status = run.stop().await;
+    assert!(status.success());
+}

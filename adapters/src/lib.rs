@@ -16,5 +16,5 @@ pub mod types;
 pub mod webhook;
 
 pub use error::SinkError;
-pub use sink::{build_sink, Applied, RatioSink, SinkConfig, SinkContext};
+pub use sink::{build_sink, Applied, InstanceStatus, RatioSink, SinkConfig, SinkContext};
 pub use types::{MemberId, Ratios, SecretRef};

@@ -19,6 +19,14 @@ pub struct Applied {
     pub warnings: Vec<String>,
 }
 
+/// One load-balancer instance of a sink and whether the last push was applied there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceStatus {
+    /// How the instance is addressed in the config (runtime API address, management URL).
+    pub address: String,
+    pub ok: bool,
+}
+
 /// Makes one load-balancer pool agree with a set of ratios.
 ///
 /// One instance serves one pool of the controller. Implementations read what the LB has now where they
@@ -55,6 +63,12 @@ pub trait RatioSink: Send + Sync {
 
     /// Release what the sink holds on the LB (login tokens). Called once on shutdown.
     async fn shutdown(&self) {}
+
+    /// The load-balancer instances behind this sink, when there are several (HAProxy instances, the
+    /// units of a BIG-IP HA pair), and whether the last push was applied on each. Empty otherwise.
+    fn instances(&self) -> Vec<InstanceStatus> {
+        Vec::new()
+    }
 }
 
 /// Which sink a pool pushes to, chosen by `kind` in the config.

@@ -54,6 +54,8 @@ pub struct F5Sink {
     units: Vec<Arc<Session>>,
     /// The unit last found ACTIVE (index into `units`); asked first on the next push.
     active: AtomicUsize,
+    /// Whether the last push was applied (for [`RatioSink::instances`]).
+    last_push_ok: AtomicBool,
     pool: PoolPath,
     /// The controller's name for this pool, for logs.
     label: String,
@@ -87,6 +89,7 @@ impl F5Sink {
         Ok(F5Sink {
             units,
             active: AtomicUsize::new(0),
+            last_push_ok: AtomicBool::new(false),
             pool: bigip_pool,
             label: pool.to_string(),
             policy: RetryPolicy { retries: cfg.retries, backoff: cfg.retry_backoff },
@@ -335,6 +338,33 @@ impl F5Sink {
             }
         }
     }
+
+    /// One push: see [`RatioSink::apply`].
+    async fn push(&self, desired: &Ratios) -> Result<Applied, SinkError> {
+        if self.mode == F5Mode::Sideband {
+            // Nothing is written: the BIG-IP fetches the ratios from the controller's /v1/ratios.
+            return Ok(Applied { changed: 0, unchanged: desired.len(), warnings: Vec::new() });
+        }
+        let s = self.unit().await?;
+        let mut warnings = Vec::new();
+        if let Some(w) = self.check_mode(&s).await? {
+            warnings.push(w);
+        }
+        let members = self.read_members(&s).await?;
+        let plan = plan::plan(self.pool.as_str(), &members, desired, self.max_ratio);
+        self.note_mismatch(&plan);
+        warnings.extend(plan.warnings());
+        match plan.changes.len() {
+            0 => {}
+            1 => self.patch(&s, &plan.changes[0], None).await?,
+            _ if self.transactions => self.patch_in_transaction(&s, &plan.changes).await?,
+            _ => self.patch_each(&s, &plan.changes).await?,
+        }
+        for c in &plan.changes {
+            tracing::debug!(pool = %self.label, member = %c.id, from = c.from, to = c.to, "ratio set");
+        }
+        Ok(Applied { changed: plan.changes.len(), unchanged: plan.unchanged, warnings })
+    }
 }
 
 /// A transaction started and not yet committed. If the push is abandoned (an error, or the
@@ -404,30 +434,21 @@ impl RatioSink for F5Sink {
         Ok(Some(self.read_members(&s).await?.iter().map(|m| (plan::member_id(m), m.ratio)).collect()))
     }
 
+    fn instances(&self) -> Vec<crate::InstanceStatus> {
+        if self.units.len() < 2 {
+            return Vec::new();
+        }
+        let (active, ok) = (self.active.load(Ordering::Relaxed), self.last_push_ok.load(Ordering::Relaxed));
+        let units = self.units.iter().enumerate();
+        units
+            .map(|(i, u)| crate::InstanceStatus { address: u.base_url().to_string(), ok: ok && i == active })
+            .collect()
+    }
+
     async fn apply(&self, desired: &Ratios) -> Result<Applied, SinkError> {
-        if self.mode == F5Mode::Sideband {
-            // Nothing is written: the BIG-IP fetches the ratios from the controller's /v1/ratios.
-            return Ok(Applied { changed: 0, unchanged: desired.len(), warnings: Vec::new() });
-        }
-        let s = self.unit().await?;
-        let mut warnings = Vec::new();
-        if let Some(w) = self.check_mode(&s).await? {
-            warnings.push(w);
-        }
-        let members = self.read_members(&s).await?;
-        let plan = plan::plan(self.pool.as_str(), &members, desired, self.max_ratio);
-        self.note_mismatch(&plan);
-        warnings.extend(plan.warnings());
-        match plan.changes.len() {
-            0 => {}
-            1 => self.patch(&s, &plan.changes[0], None).await?,
-            _ if self.transactions => self.patch_in_transaction(&s, &plan.changes).await?,
-            _ => self.patch_each(&s, &plan.changes).await?,
-        }
-        for c in &plan.changes {
-            tracing::debug!(pool = %self.label, member = %c.id, from = c.from, to = c.to, "ratio set");
-        }
-        Ok(Applied { changed: plan.changes.len(), unchanged: plan.unchanged, warnings })
+        let result = self.push(desired).await;
+        self.last_push_ok.store(result.is_ok(), Ordering::Relaxed);
+        result
     }
 
     async fn shutdown(&self) {

@@ -561,6 +561,16 @@ impl RatioSink for HaproxySink {
         "haproxy"
     }
 
+    fn instances(&self) -> Vec<crate::InstanceStatus> {
+        if self.runtimes.len() < 2 {
+            return Vec::new();
+        }
+        self.instance_outcomes()
+            .into_iter()
+            .map(|o| crate::InstanceStatus { address: o.address, ok: o.ok })
+            .collect()
+    }
+
     fn reconciles(&self) -> bool {
         true
     }
