@@ -3,17 +3,14 @@
 //! byte (streamed or not), while queued, or while the proxy is retrying on another member — and
 //! the split afterwards is even again.
 
-#[path = "proxy_util.rs"]
-mod proxy_util;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use llm_lc_adapters::{MemberId, Ratios};
 use llm_lc_proxy::ProxyHandle;
+use llm_lc_testkit::proxy::*;
 use llm_lc_testkit::wait;
-use proxy_util::*;
 use serde_json::json;
 
 fn config(members: &str, pool_extra: &str) -> String {

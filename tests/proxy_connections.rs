@@ -3,14 +3,11 @@
 //! `limits.max_connections` the next connection gets a clear 503 JSON answer and is closed while
 //! the existing ones keep working.
 
-#[path = "proxy_util.rs"]
-mod proxy_util;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use llm_lc_testkit::proxy::*;
 use llm_lc_testkit::wait;
-use proxy_util::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -2,17 +2,14 @@
 //! queue (429 when it is full), critical goes first; the controller's reported saturation sheds
 //! sheddable traffic too. All counted in the proxy's metrics.
 
-#[path = "proxy_util.rs"]
-mod proxy_util;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::routing::get;
 use axum::{Json, Router};
+use llm_lc_testkit::proxy::*;
 use llm_lc_testkit::wait;
 use llm_load_controller::report::{CycleReport, MemberReport, PoolReport};
-use proxy_util::*;
 use serde_json::json;
 
 fn config(members: &str, extra: &str) -> String {

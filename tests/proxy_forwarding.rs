@@ -3,9 +3,6 @@
 //! OpenAI-style errors (400, 413, 404, 503, upstream errors passed through); `/v1/models` is
 //! aggregated from the pools.
 
-#[path = "proxy_util.rs"]
-mod proxy_util;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,8 +12,8 @@ use axum::routing::post;
 use axum::Router;
 use futures::StreamExt;
 use llm_lc_sim::ModelProfile;
+use llm_lc_testkit::proxy::*;
 use llm_lc_testkit::wait;
-use proxy_util::*;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 

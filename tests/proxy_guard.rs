@@ -2,12 +2,9 @@
 //! malformed or failed answers in both modes (fail open: allowed; fail closed: 503), deny rules
 //! without any service call, and the route header and metrics that show it.
 
-#[path = "proxy_util.rs"]
-mod proxy_util;
-
 use std::sync::atomic::Ordering;
 
-use proxy_util::*;
+use llm_lc_testkit::proxy::*;
 use serde_json::json;
 
 async fn proxy(guard_url: &str, on_error: &str) -> llm_lc_proxy::ProxyHandle {

@@ -6,13 +6,10 @@
 //! on PATH, with the Python next to it. Without it the test says so and passes: the endpoints
 //! guidellm checks are covered by tests/proxy_openai.rs either way.
 
-#[path = "proxy_util.rs"]
-mod proxy_util;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use proxy_util::*;
+use llm_lc_testkit::proxy::*;
 use serde_json::Value;
 
 fn guidellm() -> Option<PathBuf> {

@@ -3,16 +3,13 @@
 //! duplicate JSON keys refused naming the key, every error OpenAI-shaped with the right status and a
 //! Content-Length (the simulated servers' too), and non-streamed answers with a Content-Length.
 
-#[path = "proxy_util.rs"]
-mod proxy_util;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use llm_lc_proxy::config;
 use llm_lc_sim::ModelProfile;
-use proxy_util::*;
+use llm_lc_testkit::proxy::*;
 use serde_json::{json, Value};
 
 fn config_yaml(members: &str, extra: &str, pool_extra: &str) -> String {

@@ -2,9 +2,6 @@
 //! of simulated vLLM servers, rejects unknown models, splits a LoRA adapter 90/10 exactly; `proxy
 //! explain`, `proxy check` and `proxy export-bigip` work from the command line.
 
-#[path = "proxy_util.rs"]
-mod proxy_util;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -12,8 +9,10 @@ use std::time::Duration;
 
 use llm_lc_proxy::config;
 use llm_lc_sim::ModelProfile;
+use llm_lc_testkit::proxy::*;
 use llm_lc_testkit::wait;
-use proxy_util::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
 use serde_json::{json, Value};
 
 fn example() -> std::path::PathBuf {

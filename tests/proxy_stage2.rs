@@ -3,9 +3,6 @@
 //! split of 1000 requests follows the pushed ratios within a few percent, with smooth weighted round
 //! robin and with weighted least-request under load.
 
-#[path = "proxy_util.rs"]
-mod proxy_util;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -16,10 +13,10 @@ use llm_lc_adapters::webhook::{WebhookConfig, WebhookSink};
 use llm_lc_adapters::{MemberId, RatioSink, Ratios, SinkError};
 use llm_lc_proxy::WeightSource;
 use llm_lc_sim::ModelProfile;
+use llm_lc_testkit::proxy::*;
 use llm_lc_testkit::wait;
 use llm_load_controller::controller::{self, Controller, Output};
 use llm_load_controller::telemetry::Telemetry;
-use proxy_util::*;
 use serde_json::json;
 
 fn config(members: &str, algorithm: &str, extra: &str) -> String {

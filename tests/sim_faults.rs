@@ -1,15 +1,12 @@
 //! Runtime fault injection on the simulated fleet, through the Rust handle and `/admin` over HTTP:
 //! speed, failure rate, hang, down and back up.
 
-#[path = "sim_util.rs"]
-mod sim_util;
-
 use std::time::Duration;
 
 use llm_lc_sim::{ModelProfile, ReplicaStatus};
+use llm_lc_testkit::sim::*;
 use llm_lc_testkit::wait;
 use serde_json::json;
-use sim_util::*;
 
 fn completion() -> String {
     json!({"prompt": "hello", "max_tokens": 3}).to_string()

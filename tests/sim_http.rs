@@ -1,15 +1,12 @@
 //! The simulated replica's OpenAI-compatible API over real HTTP: both endpoints, streaming and not,
 //! models and LoRA adapters, bad input, client disconnects.
 
-#[path = "sim_util.rs"]
-mod sim_util;
-
 use std::time::{Duration, Instant};
 
 use llm_lc_sim::{ModelProfile, OutputLen};
+use llm_lc_testkit::sim::*;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-use sim_util::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_non_streaming_has_vllm_shape() {

@@ -2,21 +2,18 @@
 //! and a real Prometheus both read in every style, and the fleet-level claim of the issue: under
 //! the same load, a replica at speed 0.5 shows a longer queue and higher KV usage than the others.
 
-#[path = "sim_util.rs"]
-mod sim_util;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use llm_lc_adapters::MemberId;
 use llm_lc_sim::{MetricsStyle, ModelProfile};
 use llm_lc_testkit::prometheus::Prometheus;
+use llm_lc_testkit::sim::*;
 use llm_load_controller::config::{JoinConfig, ScrapeConfig};
 use llm_load_controller::source::profile::ProfileName;
 use llm_load_controller::source::scrape::{self, ScrapeSource};
 use llm_load_controller::source::{Join, PoolQuery, Sample};
 use serde_json::{json, Value};
-use sim_util::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_what_happened() {

@@ -1,7 +1,8 @@
 //! Test support shared by the integration tests of every crate in the workspace.
 //!
 //! Real servers (Prometheus, HAProxy, Envoy) are started on free loopback ports with generated configs
-//! in temp dirs and killed on drop; readiness is polled with a deadline, never slept for.
+//! in temp dirs and killed on drop; readiness is polled with a deadline, never slept for. With the
+//! `tools` feature (the root crate's tests), helpers for the proxy and the simulated fleet too.
 
 pub mod bigip;
 pub mod envoy;
@@ -10,4 +11,8 @@ pub mod kube;
 pub mod metrics_target;
 pub mod ports;
 pub mod prometheus;
+#[cfg(feature = "tools")]
+pub mod proxy;
+#[cfg(feature = "tools")]
+pub mod sim;
 pub mod wait;

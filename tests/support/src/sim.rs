@@ -1,6 +1,5 @@
-//! Helpers shared by the `sim_*` integration tests (included with `#[path]`; as its own test
-//! target it has no tests).
-#![allow(dead_code)]
+//! Helpers shared by the `sim_*` integration tests: a fleet on free ports, an HTTP client, SSE
+//! reading (feature `tools`).
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,5 @@
-//! Helpers shared by the `proxy_*` integration tests (included with `#[path]`; as its own test target
-//! it has no tests).
-#![allow(dead_code)]
+//! Helpers shared by the `proxy_*` integration tests: the proxy and a simulated fleet on free
+//! loopback ports, request helpers, and upstream doubles (feature `tools`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -9,8 +8,6 @@ use llm_lc_proxy::{self as proxy, ProxyConfig, ProxyHandle};
 use llm_lc_sim::{start_fleet, Fleet, FleetConfig, ModelProfile, ReplicaConfig};
 use serde_json::Value;
 use tokio::net::TcpListener;
-
-pub const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
 
 /// Start the proxy from YAML text on free loopback ports.
 pub async fn start_proxy(yaml: &str) -> ProxyHandle {
