@@ -94,62 +94,76 @@ impl FeedbackParams {
 
 pub struct Feedback {
     pub params: FeedbackParams,
-    /// Unrounded ratios, so small corrections accumulate instead of vanishing in rounding/deadband.
-    level: BTreeMap<MemberId, f64>,
-    /// Smoothed load per member.
-    smoothed: BTreeMap<MemberId, f64>,
-    /// What this policy last output per member (for the deadband).
-    last: BTreeMap<MemberId, u32>,
-    /// Each member's queue at the last cycle, to tell a draining backlog from a growing one.
-    waiting: BTreeMap<MemberId, f64>,
-    /// Smoothed mean processing time per member; kept across cycles in which no request finished.
-    latency: BTreeMap<MemberId, f64>,
+    /// What the policy remembers per member, one entry each so a cycle costs one lookup per member
+    /// and phase, not one per remembered quantity.
+    state: BTreeMap<MemberId, Memory>,
+}
+
+/// One member's memory across cycles.
+#[derive(Debug, Clone, Copy, Default)]
+struct Memory {
+    /// Unrounded ratio, so small corrections accumulate instead of vanishing in rounding/deadband.
+    level: Option<f64>,
+    /// Smoothed load.
+    smoothed: Option<f64>,
+    /// What this policy last output (for the deadband).
+    last: Option<u32>,
+    /// The queue at the last cycle, to tell a draining backlog from a growing one.
+    waiting: Option<f64>,
+    /// Smoothed mean processing time; kept across cycles in which no request finished.
+    latency: Option<f64>,
+}
+
+/// Per fresh member, this cycle's working values, in the order of `Inputs::fresh`.
+struct Row {
+    load: f64,
+    /// How much the smoothed load moved since the last cycle (0 for newcomers).
+    trend: f64,
+    draining: bool,
+    start: f64,
+    last: Option<u32>,
 }
 
 impl Feedback {
     pub fn new(params: FeedbackParams) -> Self {
-        Feedback {
-            params,
-            level: BTreeMap::new(),
-            smoothed: BTreeMap::new(),
-            last: BTreeMap::new(),
-            waiting: BTreeMap::new(),
-            latency: BTreeMap::new(),
-        }
+        Feedback { params, state: BTreeMap::new() }
     }
 
     /// Drop the memory of members that left the pool.
     pub fn forget_except(&mut self, snap: &Snapshot) {
-        self.level.retain(|m, _| snap.members.contains_key(m));
-        self.smoothed.retain(|m, _| snap.members.contains_key(m));
-        self.last.retain(|m, _| snap.members.contains_key(m));
-        self.waiting.retain(|m, _| snap.members.contains_key(m));
-        self.latency.retain(|m, _| snap.members.contains_key(m));
+        self.state.retain(|m, _| snap.members.contains_key(m));
     }
 
-    /// Per fresh member, how much slower than the pool it processes requests, when every fresh member
-    /// has a processing time (a partial picture would favour whoever happens to lack one).
-    fn slowness(&mut self, input: &Inputs<'_>) -> BTreeMap<MemberId, f64> {
-        let p = &self.params;
+    fn memory(&mut self, m: &MemberId) -> &mut Memory {
+        if !self.state.contains_key(m) {
+            self.state.insert(m.clone(), Memory::default());
+        }
+        self.state.get_mut(m).expect("inserted above")
+    }
+
+    /// Per fresh member (in `Inputs::fresh` order), how much slower than the pool it processes
+    /// requests, when every fresh member has a processing time (a partial picture would favour
+    /// whoever happens to lack one). Empty when processing time is not used.
+    fn slowness(&mut self, input: &Inputs<'_>) -> Vec<f64> {
+        let (smoothing, weight) = (self.params.smoothing, self.params.latency_weight);
+        let mut known = Vec::with_capacity(input.fresh.len());
         for (m, s) in input.fresh {
+            let mem = self.memory(m);
             if let Some(l) = s.latency.filter(|l| *l > 0.0) {
-                let v = match self.latency.get(*m) {
-                    Some(old) => p.smoothing * l + (1.0 - p.smoothing) * old,
+                mem.latency = Some(match mem.latency {
+                    Some(old) => smoothing * l + (1.0 - smoothing) * old,
                     None => l,
-                };
-                self.latency.insert((*m).clone(), v);
+                });
+            }
+            if let Some(l) = mem.latency {
+                known.push(l);
             }
         }
-        let known: Vec<f64> = input.fresh.keys().filter_map(|m| self.latency.get(*m).copied()).collect();
-        if p.latency_weight == 0.0 || known.len() != input.fresh.len() {
-            return BTreeMap::new();
+        if weight == 0.0 || known.len() != input.fresh.len() {
+            return Vec::new();
         }
         let mean = known.iter().sum::<f64>() / known.len() as f64;
-        input
-            .fresh
-            .keys()
-            .filter_map(|m| Some(((*m).clone(), (self.latency.get(*m)? / mean).powf(p.latency_weight))))
-            .collect()
+        known.into_iter().map(|l| (l / mean).powf(weight)).collect()
     }
 
     pub fn compute(&mut self, input: &Inputs<'_>) -> BTreeMap<MemberId, u32> {
@@ -159,81 +173,85 @@ impl Feedback {
         let range = input.range;
         let target_mean = range.mid();
         let slowness = self.slowness(input);
-        let p = &self.params;
-        let mut loads = BTreeMap::new();
-        // How much each member's smoothed load moved since the last cycle (0 for newcomers).
-        let mut trend = BTreeMap::new();
-        let mut draining = BTreeMap::new();
-        for (m, s) in input.fresh {
-            let before = self.waiting.insert((*m).clone(), s.waiting);
-            draining.insert(*m, before.is_some_and(|w| s.waiting < w));
-            let l = load(s, p.queue_norm, p.running_norm) * slowness.get(*m).copied().unwrap_or(1.0);
-            let (smoothed, moved) = match self.smoothed.get(*m) {
+        let p = self.params.clone();
+        let mut rows: Vec<Row> = Vec::with_capacity(input.fresh.len());
+        for (i, (m, s)) in input.fresh.iter().enumerate() {
+            let from_start = input.start.get(*m).copied();
+            let mem = self.memory(m);
+            let before = mem.waiting.replace(s.waiting);
+            let l = load(s, p.queue_norm, p.running_norm) * slowness.get(i).copied().unwrap_or(1.0);
+            let (smoothed, moved) = match mem.smoothed {
                 Some(old) => {
                     let new = p.smoothing * l + (1.0 - p.smoothing) * old;
                     (new, new - old)
                 }
                 None => (l, 0.0),
             };
-            self.smoothed.insert((*m).clone(), smoothed);
-            loads.insert(*m, smoothed);
-            trend.insert(*m, moved);
+            mem.smoothed = Some(smoothed);
+            rows.push(Row {
+                load: smoothed,
+                trend: moved,
+                draining: before.is_some_and(|w| s.waiting < w),
+                start: mem.level.or(from_start).unwrap_or(target_mean),
+                last: mem.last,
+            });
         }
-        let start = |m: &MemberId| -> f64 {
-            self.level.get(m).copied().or_else(|| input.start.get(m).copied()).unwrap_or(target_mean)
-        };
 
-        let mut next: BTreeMap<MemberId, f64> = BTreeMap::new();
-        let idle = loads.values().all(|&l| l < p.idle_load);
-        if idle {
-            for m in loads.keys() {
-                next.insert((*m).clone(), target_mean);
-            }
+        let idle = rows.iter().all(|r| r.load < p.idle_load);
+        let next: Vec<f64> = if idle {
+            vec![target_mean; rows.len()]
         } else {
-            let mean_load = loads.values().sum::<f64>() / loads.len() as f64;
+            let mean_load = rows.iter().map(|r| r.load).sum::<f64>() / rows.len() as f64;
             // A small floor keeps an idle member in a busy pool from producing an infinite factor.
             let eps = p.idle_load.max(1e-3);
             let (lo, hi) = (1.0 / (1.0 + p.max_step), 1.0 + p.max_step);
-            for (m, l) in &loads {
-                let gap = l - mean_load;
-                let moved = trend.get(m).copied().unwrap_or(0.0);
-                let converging = gap * moved < 0.0 && moved.abs() * p.settle_cycles >= gap.abs();
-                let draining_backlog = gap > 0.0 && draining.get(m).copied().unwrap_or(false);
-                let settling = p.settle_cycles > 0.0 && (converging || draining_backlog);
-                let factor =
-                    if settling { 1.0 } else { ((mean_load + eps) / (l + eps)).powf(p.gain).clamp(lo, hi) };
-                next.insert((*m).clone(), start(m) * factor);
-            }
+            let mut next: Vec<f64> = rows
+                .iter()
+                .map(|r| {
+                    let gap = r.load - mean_load;
+                    let converging = gap * r.trend < 0.0 && r.trend.abs() * p.settle_cycles >= gap.abs();
+                    let draining_backlog = gap > 0.0 && r.draining;
+                    let settling = p.settle_cycles > 0.0 && (converging || draining_backlog);
+                    let factor = if settling {
+                        1.0
+                    } else {
+                        ((mean_load + eps) / (r.load + eps)).powf(p.gain).clamp(lo, hi)
+                    };
+                    r.start * factor
+                })
+                .collect();
             // Rescale so the pool mean sits mid-range: shares are relative, and a fixed mean keeps
             // every member away from the bounds (no windup) and the numbers stable between cycles.
-            let mean_next = next.values().sum::<f64>() / next.len() as f64;
+            let mean_next = next.iter().sum::<f64>() / next.len() as f64;
             if mean_next > 0.0 {
-                for v in next.values_mut() {
+                for v in &mut next {
                     *v = (*v * target_mean / mean_next).clamp(range.min as f64, range.max as f64);
                 }
             }
-        }
+            next
+        };
 
         // The deadband is pool-wide: when no member would move by `deadband` or more, nobody moves
         // (nothing is pushed); otherwise everyone takes the new value. Deciding per member would let
         // rounding and hysteresis swap the order of two members whose loads are in the other order.
         // An idle pool must come out exactly equal, so the deadband does not apply there.
         let quiet = !idle
-            && next.iter().all(|(m, v)| match self.last.get(m) {
-                Some(&prev) if prev > 0 => {
+            && rows.iter().zip(&next).all(|(r, v)| match r.last {
+                Some(prev) if prev > 0 => {
                     ((range.clamp(*v) as f64 - prev as f64).abs() / prev as f64) < p.deadband
                 }
                 _ => false,
             });
         let mut out = BTreeMap::new();
-        for (m, v) in next {
-            let r = match self.last.get(&m) {
-                Some(&prev) if quiet => prev,
+        for ((m, _), (row, v)) in input.fresh.iter().zip(rows.iter().zip(next)) {
+            let r = match row.last {
+                Some(prev) if quiet => prev,
                 _ => range.clamp(v),
             };
-            self.level.insert(m.clone(), v);
-            self.last.insert(m.clone(), r);
-            out.insert(m, r);
+            let mem = self.memory(m);
+            mem.level = Some(v);
+            mem.last = Some(r);
+            out.insert((*m).clone(), r);
         }
         out
     }

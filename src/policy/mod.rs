@@ -141,18 +141,17 @@ impl PoolPolicy {
             .filter_map(|(m, s)| s.as_ref().filter(|s| s.age <= self.stale_after).map(|s| (m, s)))
             .collect();
 
-        let known_prev: Vec<f64> = snap
-            .members
-            .keys()
-            .filter_map(|m| prev.get(m))
-            .map(|r| self.range.clamp(r as f64) as f64)
-            .collect();
+        // `prev` and the snapshot are both sorted by member: one merge pass instead of a lookup each.
+        let prev_of = aligned(snap.members.keys(), &prev.0);
+        let known_prev: Vec<f64> =
+            prev_of.iter().flatten().map(|&r| self.range.clamp(r as f64) as f64).collect();
         let prev_mean = mean(&known_prev).unwrap_or_else(|| self.range.mid());
-        let start: BTreeMap<MemberId, f64> = fresh
-            .keys()
-            .map(|m| {
-                ((*m).clone(), prev.get(m).map(|r| self.range.clamp(r as f64) as f64).unwrap_or(prev_mean))
-            })
+        let start: BTreeMap<MemberId, f64> = snap
+            .members
+            .iter()
+            .zip(&prev_of)
+            .filter(|((m, _), _)| fresh.contains_key(m))
+            .map(|((m, _), r)| (m.clone(), r.map(|r| self.range.clamp(r as f64) as f64).unwrap_or(prev_mean)))
             .collect();
 
         let inputs = Inputs { fresh: &fresh, start: &start, range: self.range };
@@ -164,35 +163,51 @@ impl PoolPolicy {
         let pool_mean = self.range.clamp(mean(&computed_vals).unwrap_or(prev_mean));
 
         let mut out = Outcome { fresh: fresh.len(), ..Default::default() };
-        let mut ratios = BTreeMap::new();
-        for m in snap.members.keys() {
-            if let Some(&r) = computed.get(m) {
-                self.missing.remove(m);
-                ratios.insert(m.clone(), self.range.clamp(r as f64));
+        let mut ratios = Vec::with_capacity(snap.members.len());
+        let computed_of = aligned(snap.members.keys(), &computed);
+        for ((m, r), before) in snap.members.keys().zip(computed_of).zip(&prev_of) {
+            if let Some(r) = r {
+                if !self.missing.is_empty() {
+                    self.missing.remove(m);
+                }
+                ratios.push((m.clone(), self.range.clamp(r as f64)));
                 continue;
             }
             let n = self.missing.entry(m.clone()).or_insert(0);
             *n += 1;
-            match prev.get(m) {
+            match before {
                 Some(r) if *n <= self.grace_cycles => {
-                    ratios.insert(m.clone(), self.range.clamp(r as f64));
+                    ratios.push((m.clone(), self.range.clamp(*r as f64)));
                     out.held.push(m.clone());
                 }
                 _ => {
-                    ratios.insert(m.clone(), pool_mean);
+                    ratios.push((m.clone(), pool_mean));
                     out.defaulted.push(m.clone());
                 }
             }
         }
-        self.missing.retain(|m, _| snap.members.contains_key(m));
+        if !self.missing.is_empty() {
+            self.missing.retain(|m, _| snap.members.contains_key(m));
+        }
         if let Algo::Feedback(f) = &mut self.algo {
             f.forget_except(snap);
         }
         let (qn, rn) = self.norms();
         out.saturation = saturation(&fresh, qn, rn);
-        out.ratios = Ratios(ratios);
+        // Built from members in sorted order: a bulk load, not one insert each.
+        out.ratios = Ratios(ratios.into_iter().collect());
         out
     }
+}
+
+/// For each of `keys` (ascending), its value in `map`, walking both in order once.
+fn aligned<'a>(keys: impl Iterator<Item = &'a MemberId>, map: &BTreeMap<MemberId, u32>) -> Vec<Option<u32>> {
+    let mut it = map.iter().peekable();
+    keys.map(|k| {
+        while it.next_if(|(m, _)| *m < k).is_some() {}
+        it.next_if(|(m, _)| *m == k).map(|(_, &v)| v)
+    })
+    .collect()
 }
 
 fn mean(v: &[f64]) -> Option<f64> {
