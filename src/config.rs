@@ -298,6 +298,11 @@ mod defaults {
     }
 }
 
+/// The bounds of `interval`, for values that come from elsewhere than the file (`--interval`).
+pub fn check_interval(d: Duration) -> Result<(), String> {
+    v::duration_within(d, bounds::MIN_INTERVAL, bounds::MAX_INTERVAL)
+}
+
 /// Read, parse and validate a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -330,7 +335,7 @@ impl Config {
         // Files named by the config must exist and parse, as `run` requires, except when checking a
         // config written for another machine (a pod's mounted secrets, checked in CI).
         let check_files = std::env::var_os(SKIP_FILE_CHECKS_ENV).is_none();
-        if let Err(m) = v::duration_within(self.interval, bounds::MIN_INTERVAL, bounds::MAX_INTERVAL) {
+        if let Err(m) = check_interval(self.interval) {
             err("interval".into(), &m);
         }
         if self.unready_after_cycles == 0 {

@@ -525,13 +525,13 @@ impl PoolRuntime {
         let now = Instant::now();
         match result {
             Ok(applied) => {
-                // Reconciling sinks report the same warnings every cycle; log them when they change.
-                if applied.warnings != self.last_warnings {
-                    for w in &applied.warnings {
-                        tracing::warn!(pool = %pool, sink = kind, "{w}");
-                    }
-                    self.last_warnings = applied.warnings.clone();
+                // Reconciling sinks report the same warnings every cycle, and some only the first
+                // time: log each warning when it appears, not again while it stays or when another
+                // one comes or goes. Sinks leave the logging to this one place.
+                for w in applied.warnings.iter().filter(|w| !self.last_warnings.contains(w)) {
+                    tracing::warn!(pool = %pool, sink = kind, "{w}");
                 }
+                self.last_warnings = applied.warnings.clone();
                 if failures_before > 0 {
                     tracing::info!(pool = %pool, sink = kind, "sink recovered");
                 }

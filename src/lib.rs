@@ -26,6 +26,7 @@ pub mod config;
 pub mod controller;
 pub mod cycle;
 pub mod leader;
+pub mod overrides;
 pub mod plan;
 pub mod policy;
 pub mod quickstart;
