@@ -174,6 +174,9 @@ pub struct MembersConfig {
     /// Ask the load balancer (the pool's sink) which members it has.
     #[serde(default)]
     pub from_lb: bool,
+    /// The ready endpoints of a Kubernetes Service, from its EndpointSlices.
+    #[serde(default)]
+    pub kubernetes: Option<crate::source::kubernetes::KubernetesMembers>,
 }
 
 /// How a series is matched to a member: the value of `label`, optionally rewritten by `regex` ->
@@ -428,9 +431,20 @@ impl Config {
             }
             let count = p.members.static_list.is_some() as u8
                 + p.members.prometheus_up.is_some() as u8
-                + p.members.from_lb as u8;
+                + p.members.from_lb as u8
+                + p.members.kubernetes.is_some() as u8;
             if count != 1 {
-                err(at("members"), "set exactly one of `static`, `prometheus_up`, `from_lb`");
+                err(at("members"), "set exactly one of `static`, `prometheus_up`, `from_lb`, `kubernetes`");
+            }
+            if let Some(k) = &p.members.kubernetes {
+                for (field, msg) in k.validate() {
+                    err(at(&format!("members.kubernetes.{field}")), &msg);
+                }
+                if let Some(ca) = k.ca_file.as_ref().filter(|_| check_files) {
+                    if let Err(m) = v::ca_file(ca) {
+                        err(at("members.kubernetes.ca_file"), &m);
+                    }
+                }
             }
             if let Some(list) = &p.members.static_list {
                 if list.is_empty() {

@@ -39,6 +39,8 @@ struct PoolRuntime {
     /// Where membership is read from: the sink itself, or (in a dry run) the real sink of the
     /// config, used read-only.
     membership: Option<Arc<dyn RatioSink>>,
+    /// `members: { kubernetes }`: the Service whose ready endpoints are the members.
+    kubernetes: Option<Arc<crate::source::kubernetes::ServiceMembers>>,
     push: Option<PushTask>,
     push_timeout: Duration,
     /// Warnings of the last successful push, so repeats are not logged every cycle.
@@ -65,6 +67,8 @@ pub enum BuildError {
     Source(String, SourceError),
     #[error("pool {0:?}: {1}")]
     Sink(String, SinkError),
+    #[error("pool {0:?}: {1}")]
+    Members(String, SourceError),
 }
 
 /// A stable per-pool seed for the backoff jitter (FNV-1a of the name).
@@ -123,6 +127,13 @@ impl Controller {
             } else {
                 None
             };
+            let kubernetes = match &p.members.kubernetes {
+                Some(k) => Some(Arc::new(
+                    crate::source::kubernetes::ServiceMembers::new(k)
+                        .map_err(|e| BuildError::Members(p.name.clone(), e))?,
+                )),
+                None => None,
+            };
             let policy = PoolPolicy::new(&p.policy, p.ratio, p.stale_after, p.grace, cfg.interval);
             let settings = cycle_settings(p, &sink_cfg, sink.reconciles());
             pools.push(PoolRuntime {
@@ -135,6 +146,7 @@ impl Controller {
                 cycle: Cycle::new(settings, policy),
                 sink,
                 membership,
+                kubernetes,
                 push: None,
                 push_timeout: p.push_timeout.unwrap_or(cfg.interval * 3),
                 cfg: p.clone(),
@@ -287,6 +299,14 @@ impl PoolRuntime {
             match sources.get(&self.cfg.source) {
                 Some(src) => src.discover(sel, &self.query.join).await.map(Some),
                 None => Ok(None),
+            }
+        } else if let Some(k) = self.kubernetes.clone() {
+            match tokio::time::timeout(deadline, k.members()).await {
+                Ok(r) => r.map(Some),
+                Err(_) => Err(SourceError::Unreachable {
+                    what: format!("the Kubernetes API for pool {pool:?}"),
+                    detail: format!("no answer within {deadline:?}"),
+                }),
             }
         } else if from_lb {
             let reader = self.reader().clone();

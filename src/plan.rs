@@ -135,7 +135,7 @@ fn source(src: &SourceConfig) -> Value {
 }
 
 fn members(p: &PoolConfig) -> Value {
-    let MembersConfig { static_list, prometheus_up, from_lb } = &p.members;
+    let MembersConfig { static_list, prometheus_up, from_lb, kubernetes } = &p.members;
     let mut m = Mapping::new();
     if let Some(list) = static_list {
         put(&mut m, "static", Value::Sequence(list.iter().map(|x| Value::String(x.to_string())).collect()));
@@ -146,6 +146,29 @@ fn members(p: &PoolConfig) -> Value {
     }
     if *from_lb {
         put(&mut m, "read_each_cycle_from", format!("the {} sink's pool", p.sink.kind()));
+    }
+    if let Some(k) = kubernetes {
+        let mut km = Mapping::new();
+        put(&mut km, "service", k.service.as_str());
+        put(
+            &mut km,
+            "namespace",
+            k.namespace.clone().unwrap_or_else(|| "POD_NAMESPACE or the service account's".into()),
+        );
+        put(
+            &mut km,
+            "port",
+            k.port.as_ref().map(|p| p.to_string()).unwrap_or_else(|| "the Service's only port".into()),
+        );
+        put(&mut km, "api_url", k.api_url.as_deref().map(redact_url).unwrap_or_else(|| "in-cluster".into()));
+        put(&mut km, "token", k.token.as_ref().map(secret).unwrap_or_else(|| "the service account's".into()));
+        put(&mut km, "timeout", dur(k.timeout));
+        put(
+            &mut km,
+            "read_each_cycle",
+            "ready endpoints of the Service's EndpointSlices (label kubernetes.io/service-name)",
+        );
+        put(&mut m, "kubernetes", km);
     }
     Value::Mapping(m)
 }
