@@ -148,6 +148,10 @@ pub struct PoolConfig {
     /// change). See `crate::cycle::change`.
     #[serde(default)]
     pub change: Option<crate::cycle::change::ChangePolicy>,
+    /// Priority pooling: tiers of members, the next one used only when the active ones saturate
+    /// (see `crate::priority`).
+    #[serde(default)]
+    pub priority: Option<crate::priority::PriorityConfig>,
     /// How long one push may take, independent of the cycle (default: three intervals). A slow
     /// management plane finishes its push while later cycles report `in_progress`.
     #[serde(default, with = "humantime_serde")]
@@ -546,6 +550,23 @@ impl Config {
             if let Some(c) = &p.change {
                 for (field, msg) in c.validate() {
                     err(at(&field), &msg);
+                }
+            }
+            if let Some(pr) = &p.priority {
+                for (field, msg) in pr.validate() {
+                    err(at(&format!("priority.{field}")), &msg);
+                }
+                // Inactive tiers get ratio 0; not every sink can say "no new traffic".
+                match &p.sink {
+                    SinkConfig::F5(_) => err(
+                        at("priority"),
+                        "not supported with the f5 sink yet (BIG-IP has no ratio 0; use the pool's priority groups)",
+                    ),
+                    SinkConfig::Haproxy(h) if !h.allow_drain => err(
+                        at("priority"),
+                        "needs `sink.allow_drain: true`: an inactive tier gets weight 0 (otherwise it would keep weight 1)",
+                    ),
+                    _ => {}
                 }
             }
             if p.push_timeout.is_some_and(|t| t.is_zero()) {

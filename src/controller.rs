@@ -71,6 +71,18 @@ pub enum BuildError {
     Members(String, SourceError),
 }
 
+/// The pool's priority tiers, with the norms its policy reads loads with.
+fn tiers_of(p: &PoolConfig) -> Option<crate::priority::Tiers> {
+    let cfg = p.priority.as_ref()?;
+    // Validated by `Config::validate`; a regex that fails here would have been refused there.
+    let spill = crate::priority::Spill::new(cfg).ok()?;
+    let (queue_norm, running_norm) = match &p.policy {
+        crate::policy::PolicyConfig::Headroom(h) => (h.queue_norm, h.running_norm),
+        crate::policy::PolicyConfig::Feedback(f) => (f.queue_norm, f.running_norm),
+    };
+    Some(crate::priority::Tiers { spill, stale_after: p.stale_after, queue_norm, running_norm })
+}
+
 /// A stable per-pool seed for the backoff jitter (FNV-1a of the name).
 fn seed_of(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
@@ -143,7 +155,7 @@ impl Controller {
                     queries,
                     join,
                 },
-                cycle: Cycle::new(settings, policy),
+                cycle: Cycle::new(settings, policy).with_tiers(tiers_of(p)),
                 sink,
                 membership,
                 kubernetes,
@@ -396,6 +408,15 @@ impl PoolRuntime {
         };
         if let Some(old) = step.changed_from {
             log_state_change(&pool, old, step.state, error.as_deref());
+        }
+        if let (Some(t), Some(p)) = (&step.tiers, &self.cfg.priority) {
+            if let Some(spilled) = t.moved {
+                let tiers: Vec<&str> = p.tiers[..t.active].iter().map(|x| x.name.as_str()).collect();
+                let verb =
+                    if spilled { "spilled over to the next tier" } else { "returned from the last tier" };
+                tracing::info!(pool = %pool, active = ?tiers, saturation = t.saturation.unwrap_or_default(), "{verb}");
+            }
+            m.pool_active_tiers.get_or_create(&pool_l).set(t.active as f64);
         }
         m.pool_members.get_or_create(&pool_l).set(self.query.members.len() as f64);
         m.pool_up.get_or_create(&pool_l).set(if step.state.is_ok() { 1.0 } else { 0.0 });

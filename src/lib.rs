@@ -29,6 +29,7 @@ pub mod leader;
 pub mod overrides;
 pub mod plan;
 pub mod policy;
+pub mod priority;
 pub mod quickstart;
 pub mod reload;
 pub mod report;

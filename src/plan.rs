@@ -220,6 +220,28 @@ fn pool(cfg: &Config, p: &PoolConfig) -> Value {
     put(&mut c, "min_change", change.min_change);
     put(&mut c, "max_hold", dur(change.max_hold));
     put(&mut m, "change", c);
+    if let Some(pr) = &p.priority {
+        let mut t = Mapping::new();
+        let tiers: Vec<Value> = pr
+            .tiers
+            .iter()
+            .map(|x| {
+                let mut e = Mapping::new();
+                put(&mut e, "name", x.name.as_str());
+                put(
+                    &mut e,
+                    "members",
+                    x.members.clone().unwrap_or_else(|| "every member no other tier names".into()),
+                );
+                Value::Mapping(e)
+            })
+            .collect();
+        put(&mut t, "tiers", Value::Sequence(tiers));
+        put(&mut t, "spill_at", pr.spill_at);
+        put(&mut t, "return_below", pr.return_below);
+        put(&mut t, "inactive_tiers", "ratio 0 (HAProxy weight 0, left out of Envoy's assignment)");
+        put(&mut m, "priority", t);
+    }
     put(&mut m, "push_timeout", p.push_timeout.map(dur).unwrap_or_else(|| "three intervals".into()));
     put(&mut m, "sink", sink(&p.sink));
     Value::Mapping(m)

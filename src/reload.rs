@@ -269,7 +269,7 @@ fn forget_gone(telemetry: &Telemetry, before: &CycleReport, after: &CycleReport)
         }
         if kept.is_none() {
             let l = labels(&[("pool", &p.pool)]);
-            for f in [&m.pool_saturation, &m.pool_fresh_members, &m.pool_up] {
+            for f in [&m.pool_saturation, &m.pool_fresh_members, &m.pool_up, &m.pool_active_tiers] {
                 f.remove(&l);
             }
         }
