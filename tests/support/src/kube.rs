@@ -512,21 +512,6 @@ async fn handle(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::is_micro_time;
-
-    #[test]
-    fn micro_time_needs_exactly_six_digits() {
-        assert!(is_micro_time("2024-05-01T12:00:00.123456Z"));
-        assert!(is_micro_time("2024-05-01T12:00:00.123456+02:00"));
-        assert!(!is_micro_time("2024-05-01T12:00:00.123Z"));
-        assert!(!is_micro_time("2024-05-01T12:00:00.123456789Z"));
-        assert!(!is_micro_time("2024-05-01T12:00:00Z"));
-        assert!(!is_micro_time("2024-05-01 12:00:00.123456Z"));
-    }
-}
-
 /// `GET .../namespaces/NS/endpointslices?labelSelector=...`: the matching slices as a list.
 fn list_slices(g: &mut Inner, method: &Method, ns: &str, query: &str, token: &str) -> Response {
     if method != Method::GET {
@@ -580,4 +565,19 @@ fn list_slices(g: &mut Inner, method: &Method, ns: &str, query: &str, token: &st
         "items": items,
     });
     (StatusCode::OK, [("content-type", "application/json")], body.to_string()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_micro_time;
+
+    #[test]
+    fn micro_time_needs_exactly_six_digits() {
+        assert!(is_micro_time("2024-05-01T12:00:00.123456Z"));
+        assert!(is_micro_time("2024-05-01T12:00:00.123456+02:00"));
+        assert!(!is_micro_time("2024-05-01T12:00:00.123Z"));
+        assert!(!is_micro_time("2024-05-01T12:00:00.123456789Z"));
+        assert!(!is_micro_time("2024-05-01T12:00:00Z"));
+        assert!(!is_micro_time("2024-05-01 12:00:00.123456Z"));
+    }
 }
