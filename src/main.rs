@@ -62,7 +62,7 @@ struct RunArgs {
     #[arg(long, env = "LLMLC_PROMETHEUS")]
     prometheus: Option<String>,
     /// Quick start: label selector of the members' `up` series, with --prometheus [default: {job="vllm"}].
-    #[arg(long, requires = "prometheus", env = "LLMLC_SELECTOR")]
+    #[arg(long, env = "LLMLC_SELECTOR")]
     selector: Option<String>,
     /// Cycle interval [default: 5s, or the config's `interval`]. Overrides the config file.
     #[arg(long, value_parser = humantime::parse_duration, env = "LLMLC_INTERVAL")]
@@ -191,6 +191,12 @@ async fn run(args: RunArgs) -> ExitCode {
                 file_text = Some(text);
                 overrides.apply(path, cfg)
             })
+        }
+        // (Checked here rather than by clap's `requires`, so that a stray LLMLC_SELECTOR next to
+        // --config gets the refusal above, which says what to do.)
+        None if args.selector.is_some() && args.prometheus.is_none() => {
+            eprintln!("error: --selector (LLMLC_SELECTOR) selects `up` series and needs --prometheus URL");
+            return ExitCode::from(2);
         }
         None if args.scrape.is_some() || args.prometheus.is_some() => QuickStart {
             scrape: args.scrape.clone(),

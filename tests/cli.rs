@@ -67,6 +67,20 @@ fn quick_start_flags_with_config_are_refused_naming_the_flag_and_the_field() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--scrape (LLMLC_SCRAPE)"), "{}", stderr(&out));
+
+    // A leftover LLMLC_SELECTOR too, with the refusal (not clap's "--prometheus is required").
+    let out = cmd()
+        .args(["run", "--once", "--config"])
+        .arg(&cfg)
+        .env("LLMLC_SELECTOR", "{job=\"vllm\"}")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--selector (LLMLC_SELECTOR) only build"), "{}", stderr(&out));
+    // Without --config, a selector alone says what it lacks.
+    let out = cmd().args(["run", "--once", "--selector", "{job=\"vllm\"}"]).output().expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("needs --prometheus"), "{}", stderr(&out));
 }
 
 /// The controller as a child process, killed on drop.
