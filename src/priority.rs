@@ -18,8 +18,10 @@
 //! - **return** from the last active tier when the load the active tiers carry now, spread over the
 //!   members that would remain, stays below `return_below` (< `spill_at`): moving back must not
 //!   itself push the local tier over the spill threshold;
-//! - at most one tier moves per cycle; tiers with no member are skipped; with no fresh data the
-//!   active set is kept (fail-static, like the ratios themselves).
+//! - a member of an active tier without fresh data counts as full (a preferred tier that went dark
+//!   spills rather than holds), and traffic only returns to tiers whose members are all in sight;
+//! - at most one tier moves per cycle; tiers with no member are skipped; with no fresh data at all
+//!   the active set is kept (fail-static, like the ratios themselves).
 //!
 //! Pure: samples in, active tier count and shaped ratios out; no clock, no I/O.
 
@@ -115,7 +117,8 @@ fn anchored(re: &str) -> Result<regex::Regex, regex::Error> {
 pub struct SpillStep {
     /// Tiers carrying traffic: `0..active`.
     pub active: usize,
-    /// Saturation of the active tiers' fresh members, when there were any.
+    /// Saturation of the active tiers (members without fresh data count as full), when the pool had
+    /// any fresh data.
     pub saturation: Option<f64>,
     /// `Some(true)` spilled to one more tier this cycle, `Some(false)` returned from one.
     pub moved: Option<bool>,
@@ -184,9 +187,15 @@ impl Spill {
         while self.active < n && count[..self.active].iter().sum::<usize>() == 0 {
             self.active += 1;
         }
-        let fresh_active: usize = fresh[..self.active].iter().sum();
+        // A member of an active tier without fresh data counts as full: capacity that cannot be
+        // seen cannot be counted on, and a preferred tier that went dark altogether (its cluster
+        // unreachable) must spill rather than hold. With no fresh data anywhere nothing moves.
+        let count_active: usize = count[..self.active].iter().sum();
+        let unknown_active = count_active - fresh[..self.active].iter().sum::<usize>();
         let load_active: f64 = sum[..self.active].iter().sum();
-        let saturation = (fresh_active > 0).then(|| load_active / fresh_active as f64);
+        let any_fresh = fresh.iter().any(|&f| f > 0);
+        let saturation = (any_fresh && count_active > 0)
+            .then(|| (load_active + unknown_active as f64) / count_active as f64);
         let mut moved = None;
         if let Some(sat) = saturation {
             // The next tier that has members.
@@ -195,10 +204,16 @@ impl Spill {
                 self.active = next + 1;
                 moved = Some(true);
             } else if self.active > 1 {
-                // The active tiers' load spread over the fresh members that would remain.
+                // The fresh load the active tiers carry, spread over the members that would remain;
+                // only onto tiers fully in sight.
                 let last = (0..self.active).rev().find(|&t| count[t] > 0).unwrap_or(0);
+                let remain: usize = count[..last].iter().sum();
                 let remain_fresh: usize = fresh[..last].iter().sum();
-                if last > 0 && remain_fresh > 0 && load_active / (remain_fresh as f64) < self.return_below {
+                if last > 0
+                    && remain > 0
+                    && remain_fresh == remain
+                    && load_active / (remain as f64) < self.return_below
+                {
                     self.active = last;
                     moved = Some(false);
                 }
@@ -325,6 +340,19 @@ mod tests {
         assert_eq!((st.active, st.saturation, st.moved), (2, None, None), "local scaled to zero");
         let mut s = Spill::new(&cfg()).expect("valid");
         assert_eq!(s.step(&all(), &BTreeMap::new()), SpillStep { active: 1, saturation: None, moved: None });
+    }
+
+    #[test]
+    fn a_dark_local_tier_spills_and_traffic_returns_only_to_a_tier_in_sight() {
+        let mut s = Spill::new(&cfg()).expect("valid");
+        let west_only: BTreeMap<MemberId, f64> = WEST.iter().map(|m| (MemberId::from(*m), 0.1)).collect();
+        let st = s.step(&all(), &west_only);
+        assert_eq!((st.active, st.saturation, st.moved), (2, Some(1.0), Some(true)), "east unreadable");
+        // East back, lightly loaded, but one of its replicas still unreadable: stay spilled.
+        let mut partial = west_only.clone();
+        partial.insert(MemberId::from(EAST[0]), 0.1);
+        assert_eq!(s.step(&all(), &partial).active, 2);
+        assert_eq!(s.step(&all(), &loads(0.1, 0.1)).moved, Some(false));
     }
 
     #[test]
