@@ -418,6 +418,10 @@ impl PoolRuntime {
             }
             m.pool_active_tiers.get_or_create(&pool_l).set(t.active as f64);
         }
+        let active_tiers = match (&step.tiers, &self.cfg.priority) {
+            (Some(t), Some(p)) => Some(p.tiers.iter().take(t.active).map(|x| x.name.clone()).collect()),
+            _ => None,
+        };
         m.pool_members.get_or_create(&pool_l).set(self.query.members.len() as f64);
         m.pool_up.get_or_create(&pool_l).set(if step.state.is_ok() { 1.0 } else { 0.0 });
 
@@ -427,6 +431,7 @@ impl PoolRuntime {
             error,
             policy: self.cfg.policy.name(),
             sink: self.sink.kind(),
+            active_tiers,
             ..Default::default()
         };
         if let Ok(snap) = &snap {

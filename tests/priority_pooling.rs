@@ -97,6 +97,13 @@ async fn the_remote_tier_gets_traffic_only_while_the_local_one_is_saturated() {
     })
     .await;
     assert!(metrics(listen).await.contains("llmlc_pool_active_tiers{pool=\"llm\"} 2"));
+    let report: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{listen}/v1/ratios"))
+        .await
+        .expect("report")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(report["pools"][0]["active_tiers"], serde_json::json!(["east", "west"]), "{report}");
 
     // 3. Load between the thresholds (east 0.5 + west 0.3 over east alone = 0.8): west stays.
     // West first: east alone dropping to 0.5 with west still idle would be a real reason to return.
