@@ -112,7 +112,7 @@ fn source(src: &SourceConfig) -> Value {
                 "ca_file",
                 p.ca_file.as_ref().map(|c| c.display().to_string()).unwrap_or_else(|| "system roots".into()),
             );
-            put(&mut m, "tls_verify", if p.insecure_skip_verify { "OFF" } else { "on" });
+            put(&mut m, "tls_verify", !p.insecure_skip_verify);
             put(&mut m, "rate_window", dur(p.rate_window));
             if !p.headers.is_empty() {
                 // Header values may be credentials (a tenant token): names only.
@@ -128,7 +128,7 @@ fn source(src: &SourceConfig) -> Value {
             put(&mut m, "max_body_bytes", s.max_body_bytes as u64);
             put_opt(&mut m, "bearer_token", s.bearer_token.as_ref().map(secret));
             put_opt(&mut m, "ca_file", s.ca_file.as_ref().map(|c| c.display().to_string()));
-            put(&mut m, "tls_verify", if s.insecure_skip_verify { "OFF" } else { "on" });
+            put(&mut m, "tls_verify", !s.insecure_skip_verify);
         }
     }
     Value::Mapping(m)
@@ -325,7 +325,7 @@ fn sink(s: &SinkConfig) -> Value {
                 "ca_file",
                 f.ca_file.as_ref().map(|c| c.display().to_string()).unwrap_or_else(|| "system roots".into()),
             );
-            put(&mut m, "tls_verify", if f.insecure_skip_verify { "OFF" } else { "on" });
+            put(&mut m, "tls_verify", !f.insecure_skip_verify);
             put(&mut m, "timeout", dur(f.timeout));
             put(&mut m, "retries", f.retries);
             put(&mut m, "retry_backoff", dur(f.retry_backoff));

@@ -264,6 +264,8 @@ fn check_prints_the_plan_as_yaml_without_rust_debug_output() {
     assert_eq!(pool["sink"]["backend"].as_str(), Some("llm"), "{plan}");
     assert_eq!(pool["metrics"]["kv_usage"][0].as_str(), Some("vllm:gpu_cache_usage_perc"), "{plan}");
     assert_eq!(doc["interval"].as_str(), Some("5s"), "{plan}");
+    // A boolean any YAML reader agrees on (`on` would be true to YAML 1.1 readers, a string to 1.2).
+    assert_eq!(doc["sources"]["direct"]["tls_verify"].as_bool(), Some(true), "{plan}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
