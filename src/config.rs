@@ -148,6 +148,10 @@ pub struct PoolConfig {
     /// change). See `crate::cycle::change`.
     #[serde(default)]
     pub change: Option<crate::cycle::change::ChangePolicy>,
+    /// Priority pooling: tiers of members, the next one used only when the active ones saturate
+    /// (see `crate::priority`).
+    #[serde(default)]
+    pub priority: Option<crate::priority::PriorityConfig>,
     /// How long one push may take, independent of the cycle (default: three intervals). A slow
     /// management plane finishes its push while later cycles report `in_progress`.
     #[serde(default, with = "humantime_serde")]
@@ -174,6 +178,9 @@ pub struct MembersConfig {
     /// Ask the load balancer (the pool's sink) which members it has.
     #[serde(default)]
     pub from_lb: bool,
+    /// The ready endpoints of a Kubernetes Service, from its EndpointSlices.
+    #[serde(default)]
+    pub kubernetes: Option<crate::source::kubernetes::KubernetesMembers>,
 }
 
 /// How a series is matched to a member: the value of `label`, optionally rewritten by `regex` ->
@@ -298,6 +305,11 @@ mod defaults {
     }
 }
 
+/// The bounds of `interval`, for values that come from elsewhere than the file (`--interval`).
+pub fn check_interval(d: Duration) -> Result<(), String> {
+    v::duration_within(d, bounds::MIN_INTERVAL, bounds::MAX_INTERVAL)
+}
+
 /// Read, parse and validate a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -330,7 +342,7 @@ impl Config {
         // Files named by the config must exist and parse, as `run` requires, except when checking a
         // config written for another machine (a pod's mounted secrets, checked in CI).
         let check_files = std::env::var_os(SKIP_FILE_CHECKS_ENV).is_none();
-        if let Err(m) = v::duration_within(self.interval, bounds::MIN_INTERVAL, bounds::MAX_INTERVAL) {
+        if let Err(m) = check_interval(self.interval) {
             err("interval".into(), &m);
         }
         if self.unready_after_cycles == 0 {
@@ -423,9 +435,20 @@ impl Config {
             }
             let count = p.members.static_list.is_some() as u8
                 + p.members.prometheus_up.is_some() as u8
-                + p.members.from_lb as u8;
+                + p.members.from_lb as u8
+                + p.members.kubernetes.is_some() as u8;
             if count != 1 {
-                err(at("members"), "set exactly one of `static`, `prometheus_up`, `from_lb`");
+                err(at("members"), "set exactly one of `static`, `prometheus_up`, `from_lb`, `kubernetes`");
+            }
+            if let Some(k) = &p.members.kubernetes {
+                for (field, msg) in k.validate() {
+                    err(at(&format!("members.kubernetes.{field}")), &msg);
+                }
+                if let Some(ca) = k.ca_file.as_ref().filter(|_| check_files) {
+                    if let Err(m) = v::ca_file(ca) {
+                        err(at("members.kubernetes.ca_file"), &m);
+                    }
+                }
             }
             if let Some(list) = &p.members.static_list {
                 if list.is_empty() {
@@ -540,6 +563,23 @@ impl Config {
             if let Some(c) = &p.change {
                 for (field, msg) in c.validate() {
                     err(at(&field), &msg);
+                }
+            }
+            if let Some(pr) = &p.priority {
+                for (field, msg) in pr.validate() {
+                    err(at(&format!("priority.{field}")), &msg);
+                }
+                // Inactive tiers get ratio 0; not every sink can say "no new traffic".
+                match &p.sink {
+                    SinkConfig::F5(_) => err(
+                        at("priority"),
+                        "not supported with the f5 sink yet (BIG-IP has no ratio 0; use the pool's priority groups)",
+                    ),
+                    SinkConfig::Haproxy(h) if !h.allow_drain => err(
+                        at("priority"),
+                        "needs `sink.allow_drain: true`: an inactive tier gets weight 0 (otherwise it would keep weight 1)",
+                    ),
+                    _ => {}
                 }
             }
             if p.push_timeout.is_some_and(|t| t.is_zero()) {

@@ -39,6 +39,8 @@ struct PoolRuntime {
     /// Where membership is read from: the sink itself, or (in a dry run) the real sink of the
     /// config, used read-only.
     membership: Option<Arc<dyn RatioSink>>,
+    /// `members: { kubernetes }`: the Service whose ready endpoints are the members.
+    kubernetes: Option<Arc<crate::source::kubernetes::ServiceMembers>>,
     push: Option<PushTask>,
     push_timeout: Duration,
     /// Warnings of the last successful push, so repeats are not logged every cycle.
@@ -65,6 +67,20 @@ pub enum BuildError {
     Source(String, SourceError),
     #[error("pool {0:?}: {1}")]
     Sink(String, SinkError),
+    #[error("pool {0:?}: {1}")]
+    Members(String, SourceError),
+}
+
+/// The pool's priority tiers, with the norms its policy reads loads with.
+fn tiers_of(p: &PoolConfig) -> Option<crate::priority::Tiers> {
+    let cfg = p.priority.as_ref()?;
+    // Validated by `Config::validate`; a regex that fails here would have been refused there.
+    let spill = crate::priority::Spill::new(cfg).ok()?;
+    let (queue_norm, running_norm) = match &p.policy {
+        crate::policy::PolicyConfig::Headroom(h) => (h.queue_norm, h.running_norm),
+        crate::policy::PolicyConfig::Feedback(f) => (f.queue_norm, f.running_norm),
+    };
+    Some(crate::priority::Tiers { spill, stale_after: p.stale_after, queue_norm, running_norm })
 }
 
 /// A stable per-pool seed for the backoff jitter (FNV-1a of the name).
@@ -123,6 +139,13 @@ impl Controller {
             } else {
                 None
             };
+            let kubernetes = match &p.members.kubernetes {
+                Some(k) => Some(Arc::new(
+                    crate::source::kubernetes::ServiceMembers::new(k)
+                        .map_err(|e| BuildError::Members(p.name.clone(), e))?,
+                )),
+                None => None,
+            };
             let policy = PoolPolicy::new(&p.policy, p.ratio, p.stale_after, p.grace, cfg.interval);
             let settings = cycle_settings(p, &sink_cfg, sink.reconciles());
             pools.push(PoolRuntime {
@@ -132,9 +155,10 @@ impl Controller {
                     queries,
                     join,
                 },
-                cycle: Cycle::new(settings, policy),
+                cycle: Cycle::new(settings, policy).with_tiers(tiers_of(p)),
                 sink,
                 membership,
+                kubernetes,
                 push: None,
                 push_timeout: p.push_timeout.unwrap_or(cfg.interval * 3),
                 cfg: p.clone(),
@@ -288,6 +312,14 @@ impl PoolRuntime {
                 Some(src) => src.discover(sel, &self.query.join).await.map(Some),
                 None => Ok(None),
             }
+        } else if let Some(k) = self.kubernetes.clone() {
+            match tokio::time::timeout(deadline, k.members()).await {
+                Ok(r) => r.map(Some),
+                Err(_) => Err(SourceError::Unreachable {
+                    what: format!("the Kubernetes API for pool {pool:?}"),
+                    detail: format!("no answer within {deadline:?}"),
+                }),
+            }
         } else if from_lb {
             let reader = self.reader().clone();
             match tokio::time::timeout(deadline, reader.members()).await {
@@ -377,6 +409,19 @@ impl PoolRuntime {
         if let Some(old) = step.changed_from {
             log_state_change(&pool, old, step.state, error.as_deref());
         }
+        if let (Some(t), Some(p)) = (&step.tiers, &self.cfg.priority) {
+            if let Some(spilled) = t.moved {
+                let tiers: Vec<&str> = p.tiers[..t.active].iter().map(|x| x.name.as_str()).collect();
+                let verb =
+                    if spilled { "spilled over to the next tier" } else { "returned from the last tier" };
+                tracing::info!(pool = %pool, active = ?tiers, saturation = t.saturation.unwrap_or_default(), "{verb}");
+            }
+            m.pool_active_tiers.get_or_create(&pool_l).set(t.active as f64);
+        }
+        let active_tiers = match (&step.tiers, &self.cfg.priority) {
+            (Some(t), Some(p)) => Some(p.tiers.iter().take(t.active).map(|x| x.name.clone()).collect()),
+            _ => None,
+        };
         m.pool_members.get_or_create(&pool_l).set(self.query.members.len() as f64);
         m.pool_up.get_or_create(&pool_l).set(if step.state.is_ok() { 1.0 } else { 0.0 });
 
@@ -386,6 +431,7 @@ impl PoolRuntime {
             error,
             policy: self.cfg.policy.name(),
             sink: self.sink.kind(),
+            active_tiers,
             ..Default::default()
         };
         if let Ok(snap) = &snap {
@@ -529,13 +575,13 @@ impl PoolRuntime {
         }
         match result {
             Ok(applied) => {
-                // Reconciling sinks report the same warnings every cycle; log them when they change.
-                if applied.warnings != self.last_warnings {
-                    for w in &applied.warnings {
-                        tracing::warn!(pool = %pool, sink = kind, "{w}");
-                    }
-                    self.last_warnings = applied.warnings.clone();
+                // Reconciling sinks report the same warnings every cycle, and some only the first
+                // time: log each warning when it appears, not again while it stays or when another
+                // one comes or goes. Sinks leave the logging to this one place.
+                for w in applied.warnings.iter().filter(|w| !self.last_warnings.contains(w)) {
+                    tracing::warn!(pool = %pool, sink = kind, "{w}");
                 }
+                self.last_warnings = applied.warnings.clone();
                 if failures_before > 0 {
                     tracing::info!(pool = %pool, sink = kind, "sink recovered");
                 }

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use llm_load_controller::config::{self, LogFormat};
 use llm_load_controller::controller::{self, Controller, Output};
 use llm_load_controller::leader::{self, Leadership};
+use llm_load_controller::overrides::{Overrides, QuickStartFlags};
 use llm_load_controller::quickstart::QuickStart;
 use llm_load_controller::telemetry::Telemetry;
 use llm_load_controller::{adapters, reload, signal};
@@ -30,7 +31,7 @@ enum Command {
     Run(RunArgs),
     /// Validate a config file and print the plan: pools, members, the exact PromQL.
     Check {
-        #[arg(long, short)]
+        #[arg(long, short, env = "LLMLC_CONFIG")]
         config: PathBuf,
     },
     /// Run a simulated vLLM fleet (OpenAI API + vLLM metrics).
@@ -47,41 +48,59 @@ enum Command {
     Demo(llm_lc_demo::DemoArgs),
 }
 
+/// `run`'s flags. Every common flag also reads an `LLMLC_*` environment variable (the flag wins);
+/// how they combine with `--config` is [`overrides`]' business.
 #[derive(clap::Args)]
 struct RunArgs {
     /// Config file (YAML).
-    #[arg(long, short, conflicts_with_all = ["scrape", "prometheus"])]
+    #[arg(long, short, env = "LLMLC_CONFIG")]
     config: Option<PathBuf>,
     /// Quick start without a config file: scrape these servers' /metrics directly (HOST:PORT,HOST:PORT).
-    #[arg(long, value_delimiter = ',', conflicts_with = "prometheus")]
+    #[arg(long, value_delimiter = ',', conflicts_with = "prometheus", env = "LLMLC_SCRAPE")]
     scrape: Option<Vec<String>>,
     /// Quick start without a config file: Prometheus/Thanos URL; members are the `up` series of --selector.
-    #[arg(long)]
+    #[arg(long, env = "LLMLC_PROMETHEUS")]
     prometheus: Option<String>,
-    /// Label selector of the members' `up` series, with --prometheus.
-    #[arg(long, default_value = "{job=\"vllm\"}", requires = "prometheus")]
-    selector: String,
-    /// Quick start: cycle interval.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
-    interval: Duration,
-    /// Quick start: listen address of /metrics, /readyz, /v1/ratios.
-    #[arg(long, default_value = "127.0.0.1:9090")]
-    listen: SocketAddr,
-    /// Quick start: server profile (vllm, vllm-legacy, sglang, trtllm, nim, tgi).
-    #[arg(long, default_value = "vllm")]
-    profile: String,
+    /// Quick start: label selector of the members' `up` series, with --prometheus [default: {job="vllm"}].
+    #[arg(long, env = "LLMLC_SELECTOR")]
+    selector: Option<String>,
+    /// Cycle interval [default: 5s, or the config's `interval`]. Overrides the config file.
+    #[arg(long, value_parser = humantime::parse_duration, env = "LLMLC_INTERVAL")]
+    interval: Option<Duration>,
+    /// Listen address of /metrics, /readyz, /v1/ratios [default: 127.0.0.1:9090 for a quick start, or
+    /// the config's `listen`]. Overrides the config file.
+    #[arg(long, env = "LLMLC_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Quick start: server profile (vllm, vllm-legacy, sglang, trtllm, nim, tgi) [default: vllm].
+    #[arg(long, env = "LLMLC_PROFILE")]
+    profile: Option<String>,
     /// Compute and print ratios, push nothing, whatever sinks are configured.
-    #[arg(long)]
+    #[arg(long, env = "LLMLC_DRY_RUN")]
     dry_run: bool,
-    /// One cycle, then exit 0 if every pool computed ratios, 1 otherwise.
+    /// One cycle, then exit 0 if every pool computed ratios, 1 otherwise. Binds no listener.
     #[arg(long)]
     once: bool,
     /// What to print per cycle on stdout. Default: text with --dry-run or --once, quiet otherwise.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, env = "LLMLC_OUTPUT")]
     output: Option<Output>,
-    /// Log format on stderr (overrides the config's `log_format`).
-    #[arg(long, value_enum)]
+    /// Log format on stderr. Overrides the config's `log_format`.
+    #[arg(long, value_enum, env = "LLMLC_LOG_FORMAT")]
     log_format: Option<LogFormatArg>,
+}
+
+impl RunArgs {
+    fn overrides(&self) -> Overrides {
+        Overrides { listen: self.listen, interval: self.interval }
+    }
+
+    fn quick_start(&self) -> QuickStartFlags {
+        QuickStartFlags {
+            scrape: self.scrape.is_some(),
+            prometheus: self.prometheus.is_some(),
+            selector: self.selector.is_some(),
+            profile: self.profile.is_some(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -99,7 +118,9 @@ fn init_logging(format: LogFormat) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
     match format {
-        LogFormat::Json => b.json().init(),
+        // `message` at the top level, next to `level` and `target`: what log stores (Loki, Elastic,
+        // OpenShift's logging) index as the log line. Without flattening it sits under `fields`.
+        LogFormat::Json => b.json().flatten_event(true).init(),
         LogFormat::Text => b.init(),
     }
 }
@@ -157,23 +178,38 @@ fn check(path: &std::path::Path) -> ExitCode {
 async fn run(args: RunArgs) -> ExitCode {
     // With a config file, its bytes are kept to notice changes (live reload).
     let mut file_text = None;
+    let overrides = args.overrides();
     let cfg = match &args.config {
-        Some(path) => reload::read(path).map(|(cfg, text)| {
-            file_text = Some(text);
-            cfg
-        }),
+        Some(path) => {
+            // Flags that build the quick-start pool say nothing a file cannot say better: refused,
+            // rather than silently ignored. `--listen` and `--interval` override the file.
+            if let Err(msg) = args.quick_start().refuse_with_config(path) {
+                eprintln!("error: {msg}");
+                return ExitCode::from(2);
+            }
+            reload::read(path).and_then(|(cfg, text)| {
+                file_text = Some(text);
+                overrides.apply(path, cfg)
+            })
+        }
+        // (Checked here rather than by clap's `requires`, so that a stray LLMLC_SELECTOR next to
+        // --config gets the refusal above, which says what to do.)
+        None if args.selector.is_some() && args.prometheus.is_none() => {
+            eprintln!("error: --selector (LLMLC_SELECTOR) selects `up` series and needs --prometheus URL");
+            return ExitCode::from(2);
+        }
         None if args.scrape.is_some() || args.prometheus.is_some() => QuickStart {
             scrape: args.scrape.clone(),
             prometheus: args.prometheus.clone(),
-            selector: Some(args.selector.clone()),
-            interval: args.interval,
-            listen: args.listen,
-            profile: args.profile.clone(),
+            selector: args.selector.clone(),
+            interval: args.interval.unwrap_or(QuickStart::DEFAULT_INTERVAL),
+            listen: args.listen.unwrap_or(QuickStart::DEFAULT_LISTEN),
+            profile: args.profile.clone().unwrap_or_else(|| "vllm".into()),
         }
         .config(),
         None => {
             eprintln!(
-                "error: give --config FILE, or --scrape HOST:PORT,... or --prometheus URL for a quick start"
+                "error: give --config FILE (or LLMLC_CONFIG), or --scrape HOST:PORT,... or --prometheus URL for a quick start"
             );
             return ExitCode::from(2);
         }
@@ -242,7 +278,7 @@ async fn run(args: RunArgs) -> ExitCode {
 
     let reloader = match (&args.config, file_text) {
         (Some(path), Some(text)) if !args.once => {
-            let configs = reload::watch_file(path, text, cfg.interval, telemetry.clone());
+            let configs = reload::watch_file(path, text, cfg.interval, overrides, telemetry.clone());
             let builder = reload::Builder {
                 telemetry: telemetry.clone(),
                 dry_run: args.dry_run,

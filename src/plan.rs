@@ -1,106 +1,355 @@
 //! The resolved plan `check` prints: for each pool, where its members come from, the exact queries
-//! or metric names it reads, the policy and the sink. What you read here is what `run` will do.
+//! or metric names it reads, the policy and the sink, with every default filled in. What you read
+//! here is what `run` will do.
+//!
+//! The plan is a YAML document (built as a YAML value and printed by the YAML crate, so it always
+//! parses), in the config file's own words: field names as the file spells them, enum values as the
+//! file writes them (`feedback`, `runtime-api`), durations as `1m 30s`. Secrets show where they come
+//! from (`file:/path`), never their value; URLs lose their credentials.
 
-use std::fmt::Write as _;
+use serde_yaml_ng::{Mapping, Value};
 
-use crate::config::{Config, SourceConfig};
+use crate::config::{Config, MembersConfig, PoolConfig, SourceConfig};
+use crate::leader::Enabled;
+use crate::policy::PolicyConfig;
 use crate::source::profile::promql;
 use crate::source::redact_url;
-use crate::source::validate::redact_urls_in;
+use llm_lc_adapters::{SecretRef, SinkConfig};
 
 pub fn describe(cfg: &Config) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "config OK: {} source(s), {} pool(s), cycle every {}, listening on {}",
-        cfg.sources.len(),
-        cfg.pools.len(),
-        humantime::format_duration(cfg.interval),
-        cfg.listen
-    );
+    let mut doc = Mapping::new();
+    put(&mut doc, "interval", dur(cfg.interval));
+    put(&mut doc, "listen", cfg.listen.to_string());
+    put(&mut doc, "log_format", kebab(&cfg.log_format));
+    put(&mut doc, "unready_after_cycles", cfg.unready_after_cycles);
+    put(&mut doc, "leader_election", leader(cfg));
+    let mut sources = Mapping::new();
     for (name, src) in &cfg.sources {
-        match src {
-            SourceConfig::Prometheus(p) => {
-                let _ = writeln!(
-                    s,
-                    "source {name}: prometheus {} (timeout {}, token: {}, CA: {}, TLS verify: {})",
-                    redact_url(&p.url),
-                    humantime::format_duration(p.timeout),
-                    p.bearer_token.as_ref().map(|t| format!("{t:?}")).unwrap_or_else(|| "none".into()),
-                    p.ca_file.as_ref().map(|c| c.display().to_string()).unwrap_or_else(|| "system".into()),
-                    if p.insecure_skip_verify { "OFF" } else { "on" }
-                );
+        put(&mut sources, name, source(src));
+    }
+    put(&mut doc, "sources", sources);
+    put(&mut doc, "pools", Value::Sequence(cfg.pools.iter().map(|p| pool(cfg, p)).collect()));
+    let body = serde_yaml_ng::to_string(&Value::Mapping(doc))
+        .unwrap_or_else(|e| format!("# the plan could not be printed: {e}\n"));
+    format!(
+        "# config OK: {} source(s), {} pool(s). The plan, defaults filled in:\n{body}",
+        cfg.sources.len(),
+        cfg.pools.len()
+    )
+}
+
+fn put(m: &mut Mapping, key: &str, v: impl Into<Value>) {
+    m.insert(Value::String(key.to_string()), v.into());
+}
+
+fn put_opt(m: &mut Mapping, key: &str, v: Option<impl Into<Value>>) {
+    if let Some(v) = v {
+        put(m, key, v);
+    }
+}
+
+fn dur(d: std::time::Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// The config spelling of a unit enum value: its Rust name in kebab case (`VllmLegacy` ->
+/// `vllm-legacy`), which is what the config's `rename_all` attributes accept.
+fn kebab(v: &impl std::fmt::Debug) -> String {
+    let name = format!("{v:?}");
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('-');
             }
-            SourceConfig::Scrape(sc) => {
-                let _ = writeln!(
-                    s,
-                    "source {name}: direct scrape {}://MEMBER{} (timeout {}, at most {} at once)",
-                    sc.scheme,
-                    sc.path,
-                    humantime::format_duration(sc.timeout),
-                    sc.concurrency
-                );
-            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
         }
     }
-    for p in &cfg.pools {
-        let _ = writeln!(s, "\npool {}", p.name);
-        let _ = writeln!(s, "  source:  {} (profile {:?})", p.source, p.profile);
-        if let Some(list) = &p.members.static_list {
-            let _ = writeln!(
-                s,
-                "  members: {}",
-                list.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(", ")
-            );
-        }
-        if let Some(sel) = &p.members.prometheus_up {
-            let _ = writeln!(
-                s,
-                "  members: discovered each cycle from up{sel}, joined by label {:?}",
-                p.join.label
-            );
-        }
-        if p.members.from_lb {
-            let _ = writeln!(s, "  members: read each cycle from the {} sink's pool", p.sink.kind());
-        }
-        if let Some(re) = &p.join.regex {
-            let _ = writeln!(
-                s,
-                "  join:    {} =~ {re} -> {}",
-                p.join.label,
-                p.join.replacement.as_deref().unwrap_or("$1")
-            );
-        }
-        let names = p.profile.resolve(&p.metrics);
-        match cfg.sources.get(&p.source) {
-            Some(SourceConfig::Prometheus(pc)) => {
-                for (signal, q) in
-                    promql(&names, &p.queries, &p.join.label, p.selector.as_deref(), pc.rate_window)
-                {
-                    let _ = writeln!(s, "  query {:<9} {q}", signal.as_str());
-                }
-            }
-            _ => {
-                let _ = writeln!(
-                    s,
-                    "  metrics: waiting={:?} running={:?} kv_usage={:?} latency={:?}",
-                    names.waiting, names.running, names.kv_usage, names.latency_histogram
-                );
-            }
-        }
-        let _ = writeln!(s, "  policy:  {:?}", p.policy);
-        let _ = writeln!(
-            s,
-            "  ratios:  {}..{}, stale after {}, hold {} then pool mean, on_stale {:?} after {}",
-            p.ratio.min,
-            p.ratio.max,
-            humantime::format_duration(p.stale_after),
-            humantime::format_duration(p.grace),
-            p.on_stale,
-            humantime::format_duration(p.reset_after)
+    out
+}
+
+/// Where a secret comes from; `SecretRef`'s Debug already redacts inline values.
+fn secret(s: &SecretRef) -> String {
+    format!("{s:?}")
+}
+
+fn leader(cfg: &Config) -> Value {
+    let le = &cfg.leader_election;
+    let enabled = match le.enabled {
+        Enabled::Auto => "auto (elect when running in a pod or api_url is set)",
+        Enabled::Always => "true",
+        Enabled::Never => "false (always leader)",
+    };
+    let mut m = Mapping::new();
+    put(&mut m, "enabled", enabled);
+    if le.enabled != Enabled::Never {
+        put(&mut m, "lease_name", le.lease_name.as_str());
+        put(
+            &mut m,
+            "namespace",
+            le.namespace.clone().unwrap_or_else(|| "POD_NAMESPACE or the service account's".into()),
         );
-        // Sink settings may hold URLs with credentials (a webhook's, say).
-        let _ = writeln!(s, "  sink:    {}", redact_urls_in(&format!("{:?}", p.sink)));
+        put(&mut m, "lease_duration", dur(le.lease_duration));
+        put(&mut m, "renew_deadline", dur(le.renew_deadline));
+        put(&mut m, "retry_period", dur(le.retry_period));
+        put_opt(&mut m, "api_url", le.api_url.as_deref().map(redact_url));
     }
-    s
+    Value::Mapping(m)
+}
+
+fn source(src: &SourceConfig) -> Value {
+    let mut m = Mapping::new();
+    match src {
+        SourceConfig::Prometheus(p) => {
+            put(&mut m, "kind", "prometheus");
+            put(&mut m, "url", redact_url(&p.url));
+            put(&mut m, "timeout", dur(p.timeout));
+            put(&mut m, "bearer_token", p.bearer_token.as_ref().map(secret).unwrap_or_else(|| "none".into()));
+            put(
+                &mut m,
+                "ca_file",
+                p.ca_file.as_ref().map(|c| c.display().to_string()).unwrap_or_else(|| "system roots".into()),
+            );
+            put(&mut m, "tls_verify", !p.insecure_skip_verify);
+            put(&mut m, "rate_window", dur(p.rate_window));
+            if !p.headers.is_empty() {
+                // Header values may be credentials (a tenant token): names only.
+                let names: Vec<Value> = p.headers.keys().map(|k| Value::String(k.clone())).collect();
+                put(&mut m, "headers", Value::Sequence(names));
+            }
+        }
+        SourceConfig::Scrape(s) => {
+            put(&mut m, "kind", "scrape");
+            put(&mut m, "url", format!("{}://MEMBER{}", s.scheme, s.path));
+            put(&mut m, "timeout", dur(s.timeout));
+            put(&mut m, "concurrency", s.concurrency as u64);
+            put(&mut m, "max_body_bytes", s.max_body_bytes as u64);
+            put_opt(&mut m, "bearer_token", s.bearer_token.as_ref().map(secret));
+            put_opt(&mut m, "ca_file", s.ca_file.as_ref().map(|c| c.display().to_string()));
+            put(&mut m, "tls_verify", !s.insecure_skip_verify);
+        }
+    }
+    Value::Mapping(m)
+}
+
+fn members(p: &PoolConfig) -> Value {
+    let MembersConfig { static_list, prometheus_up, from_lb, kubernetes } = &p.members;
+    let mut m = Mapping::new();
+    if let Some(list) = static_list {
+        put(&mut m, "static", Value::Sequence(list.iter().map(|x| Value::String(x.to_string())).collect()));
+    }
+    if let Some(sel) = prometheus_up {
+        put(&mut m, "discovered_each_cycle_from", format!("up{sel}"));
+        put(&mut m, "joined_by_label", p.join.label.as_str());
+    }
+    if *from_lb {
+        put(&mut m, "read_each_cycle_from", format!("the {} sink's pool", p.sink.kind()));
+    }
+    if let Some(k) = kubernetes {
+        let mut km = Mapping::new();
+        put(&mut km, "service", k.service.as_str());
+        put(
+            &mut km,
+            "namespace",
+            k.namespace.clone().unwrap_or_else(|| "POD_NAMESPACE or the service account's".into()),
+        );
+        put(
+            &mut km,
+            "port",
+            k.port.as_ref().map(|p| p.to_string()).unwrap_or_else(|| "the Service's only port".into()),
+        );
+        put(&mut km, "api_url", k.api_url.as_deref().map(redact_url).unwrap_or_else(|| "in-cluster".into()));
+        put(&mut km, "token", k.token.as_ref().map(secret).unwrap_or_else(|| "the service account's".into()));
+        put(&mut km, "timeout", dur(k.timeout));
+        put(
+            &mut km,
+            "read_each_cycle",
+            "ready endpoints of the Service's EndpointSlices (label kubernetes.io/service-name)",
+        );
+        put(&mut m, "kubernetes", km);
+    }
+    Value::Mapping(m)
+}
+
+fn pool(cfg: &Config, p: &PoolConfig) -> Value {
+    let mut m = Mapping::new();
+    put(&mut m, "name", p.name.as_str());
+    put(&mut m, "source", p.source.as_str());
+    put(&mut m, "profile", kebab(&p.profile));
+    put(&mut m, "members", members(p));
+    if let Some(re) = &p.join.regex {
+        let mut j = Mapping::new();
+        put(&mut j, "label", p.join.label.as_str());
+        put(&mut j, "regex", re.as_str());
+        put(&mut j, "replacement", p.join.replacement.as_deref().unwrap_or("$1"));
+        put(&mut m, "join", j);
+    }
+    let names = p.profile.resolve(&p.metrics);
+    match cfg.sources.get(&p.source) {
+        Some(SourceConfig::Prometheus(pc)) => {
+            let mut q = Mapping::new();
+            for (signal, query) in
+                promql(&names, &p.queries, &p.join.label, p.selector.as_deref(), pc.rate_window)
+            {
+                put(&mut q, signal.as_str(), query);
+            }
+            put(&mut m, "queries", q);
+        }
+        _ => {
+            let list = |v: &[String]| Value::Sequence(v.iter().map(|s| Value::String(s.clone())).collect());
+            let mut q = Mapping::new();
+            put(&mut q, "waiting", list(&names.waiting));
+            put(&mut q, "running", list(&names.running));
+            put(&mut q, "kv_usage", list(&names.kv_usage));
+            put(&mut q, "latency_histogram", list(&names.latency_histogram));
+            put(&mut m, "metrics", q);
+        }
+    }
+    put(&mut m, "policy", policy(&p.policy));
+    let mut r = Mapping::new();
+    put(&mut r, "min", p.ratio.min);
+    put(&mut r, "max", p.ratio.max);
+    put(&mut m, "ratio", r);
+    put(&mut m, "stale_after", dur(p.stale_after));
+    put(&mut m, "grace", format!("{} (then the pool mean)", dur(p.grace)));
+    put(&mut m, "on_stale", format!("{} after {}", kebab(&p.on_stale), dur(p.reset_after)));
+    let change = p.change_policy();
+    let mut c = Mapping::new();
+    put(&mut c, "min_change", change.min_change);
+    put(&mut c, "max_hold", dur(change.max_hold));
+    put(&mut m, "change", c);
+    if let Some(pr) = &p.priority {
+        let mut t = Mapping::new();
+        let tiers: Vec<Value> = pr
+            .tiers
+            .iter()
+            .map(|x| {
+                let mut e = Mapping::new();
+                put(&mut e, "name", x.name.as_str());
+                put(
+                    &mut e,
+                    "members",
+                    x.members.clone().unwrap_or_else(|| "every member no other tier names".into()),
+                );
+                Value::Mapping(e)
+            })
+            .collect();
+        put(&mut t, "tiers", Value::Sequence(tiers));
+        put(&mut t, "spill_at", pr.spill_at);
+        put(&mut t, "return_below", pr.return_below);
+        put(&mut t, "inactive_tiers", "ratio 0 (HAProxy weight 0, left out of Envoy's assignment)");
+        put(&mut m, "priority", t);
+    }
+    put(&mut m, "push_timeout", p.push_timeout.map(dur).unwrap_or_else(|| "three intervals".into()));
+    put(&mut m, "sink", sink(&p.sink));
+    Value::Mapping(m)
+}
+
+fn policy(p: &PolicyConfig) -> Value {
+    let mut m = Mapping::new();
+    put(&mut m, "kind", p.name());
+    match p {
+        PolicyConfig::Feedback(f) => {
+            for (k, v) in [
+                ("gain", f.gain),
+                ("smoothing", f.smoothing),
+                ("max_step", f.max_step),
+                ("deadband", f.deadband),
+                ("queue_norm", f.queue_norm),
+                ("running_norm", f.running_norm),
+                ("idle_load", f.idle_load),
+                ("settle_cycles", f.settle_cycles),
+                ("latency_weight", f.latency_weight),
+            ] {
+                put(&mut m, k, v);
+            }
+        }
+        PolicyConfig::Headroom(h) => {
+            for (k, v) in [
+                ("kv_weight", h.kv_weight),
+                ("queue_weight", h.queue_weight),
+                ("queue_norm", h.queue_norm),
+                ("running_norm", h.running_norm),
+            ] {
+                put(&mut m, k, v);
+            }
+        }
+    }
+    Value::Mapping(m)
+}
+
+fn sink(s: &SinkConfig) -> Value {
+    let mut m = Mapping::new();
+    put(&mut m, "kind", s.kind());
+    match s {
+        SinkConfig::DryRun => {}
+        SinkConfig::Webhook(w) => {
+            put(&mut m, "url", redact_url(&w.url));
+            put_opt(&mut m, "bearer_token", w.bearer_token.as_ref().map(secret));
+            put_opt(&mut m, "ca_file", w.ca_file.as_ref().map(|c| c.display().to_string()));
+            put(&mut m, "timeout", dur(w.timeout));
+        }
+        SinkConfig::Haproxy(h) => {
+            put(&mut m, "mode", kebab(&h.mode));
+            let addrs: Vec<Value> =
+                h.address.iter().chain(&h.addresses).map(|a| Value::String(a.clone())).collect();
+            if !addrs.is_empty() {
+                put(&mut m, "addresses", Value::Sequence(addrs));
+            }
+            put(&mut m, "backend", h.backend.as_str());
+            put(&mut m, "match_by", kebab(&h.match_by));
+            put(&mut m, "timeout", dur(h.timeout));
+            put(&mut m, "allow_drain", h.allow_drain);
+            put(
+                &mut m,
+                "weights",
+                match h.ratio_max {
+                    Some(r) => format!("ratio {r} -> weight {}, proportional", h.max_weight),
+                    None => format!("weight = ratio, at most {}", h.max_weight),
+                },
+            );
+            put_opt(&mut m, "agent_listen", h.agent_listen.clone());
+        }
+        SinkConfig::F5(f) => {
+            put(&mut m, "url", redact_url(&f.url));
+            put(&mut m, "pool", f.pool.as_str());
+            put(&mut m, "auth", kebab(&f.auth));
+            // Username's Debug prints a plain name, or where it comes from.
+            put(&mut m, "username", format!("{:?}", f.username).trim_matches('"').to_string());
+            put(&mut m, "password", secret(&f.password));
+            put(&mut m, "login_provider", f.login_provider.as_str());
+            put(
+                &mut m,
+                "ca_file",
+                f.ca_file.as_ref().map(|c| c.display().to_string()).unwrap_or_else(|| "system roots".into()),
+            );
+            put(&mut m, "tls_verify", !f.insecure_skip_verify);
+            put(&mut m, "timeout", dur(f.timeout));
+            put(&mut m, "retries", f.retries);
+            put(&mut m, "retry_backoff", dur(f.retry_backoff));
+            put(&mut m, "transactions", f.transactions);
+        }
+        SinkConfig::Envoy(e) => {
+            put(&mut m, "cluster", e.cluster.as_str());
+            put(&mut m, "mode", kebab(&e.mode));
+            put_opt(&mut m, "directory", e.directory.as_ref().map(|d| d.display().to_string()));
+            put_opt(&mut m, "file_name", e.file_name.clone());
+            put(&mut m, "resolve_timeout", dur(e.resolve_timeout));
+            put_opt(&mut m, "admin", e.admin.as_deref().map(redact_url));
+        }
+    }
+    Value::Mapping(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enum_values_are_spelt_as_the_config_writes_them() {
+        assert_eq!(kebab(&crate::source::profile::ProfileName::VllmLegacy), "vllm-legacy");
+        assert_eq!(kebab(&crate::config::OnStale::Hold), "hold");
+    }
 }

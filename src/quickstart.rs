@@ -22,6 +22,11 @@ pub struct QuickStart {
 }
 
 impl QuickStart {
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+    /// Loopback: a quick start is someone trying the controller on their machine.
+    pub const DEFAULT_LISTEN: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9090);
+
     pub fn config(&self) -> Result<Config, ConfigErrors> {
         let (source, members) = match (&self.scrape, &self.prometheus) {
             (Some(list), _) => (json!({"kind": "scrape"}), json!({"static": list})),

@@ -30,6 +30,7 @@ use tokio::sync::watch;
 
 use crate::config::{self, Config, ConfigError, ConfigErrors};
 use crate::controller::Controller;
+use crate::overrides::Overrides;
 use crate::report::CycleReport;
 use crate::telemetry::{labels, Telemetry};
 
@@ -128,6 +129,8 @@ struct FileWatch {
     active: Vec<u8>,
     /// What the last look found (content or read error), so one change is handled once.
     last_seen: Result<Vec<u8>, String>,
+    /// Command-line settings that win over the file's, after every reload too.
+    overrides: Overrides,
 }
 
 impl FileWatch {
@@ -159,9 +162,10 @@ impl FileWatch {
             }
             Ok(bytes) => {
                 let path = self.path.clone();
+                let overrides = self.overrides;
                 let parsed = {
                     let bytes = bytes.clone();
-                    tokio::task::spawn_blocking(move || parse(&path, &bytes))
+                    tokio::task::spawn_blocking(move || overrides.apply(&path, parse(&path, &bytes)?))
                         .await
                         .unwrap_or_else(|e| Err(one_error(&self.path, format!("parser failed: {e}"))))
                 };
@@ -186,10 +190,12 @@ pub fn watch_file(
     path: &Path,
     text: Vec<u8>,
     interval: Duration,
+    overrides: Overrides,
     telemetry: Arc<Telemetry>,
 ) -> tokio::sync::mpsc::Receiver<Config> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
-    let mut watch = FileWatch { path: path.to_path_buf(), active: text.clone(), last_seen: Ok(text) };
+    let mut watch =
+        FileWatch { path: path.to_path_buf(), active: text.clone(), last_seen: Ok(text), overrides };
     tokio::spawn(async move {
         let mut poll = tokio::time::interval(poll_period(interval));
         let mut hup = crate::signal::hangups();
@@ -263,7 +269,7 @@ fn forget_gone(telemetry: &Telemetry, before: &CycleReport, after: &CycleReport)
         }
         if kept.is_none() {
             let l = labels(&[("pool", &p.pool)]);
-            for f in [&m.pool_saturation, &m.pool_fresh_members, &m.pool_up] {
+            for f in [&m.pool_saturation, &m.pool_fresh_members, &m.pool_up, &m.pool_active_tiers] {
                 f.remove(&l);
             }
         }

@@ -29,6 +29,9 @@ pub struct PoolReport {
     pub push: PushOutcome,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub saturation: Option<f64>,
+    /// Priority pooling: the tiers carrying traffic, preferred first (members of the others are at 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_tiers: Option<Vec<String>>,
     pub members: Vec<MemberReport>,
 }
 

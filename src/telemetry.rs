@@ -51,6 +51,8 @@ pub struct Metrics {
     pub pool_saturation: FGauge,
     pub pool_fresh_members: FGauge,
     pub pool_up: FGauge,
+    /// Priority pooling: how many tiers carry traffic (1 = local only).
+    pub pool_active_tiers: FGauge,
     pub cycle_duration: Histogram,
     pub cycles: FCounter,
     pub source_errors: FCounter,
@@ -114,6 +116,11 @@ impl Metrics {
             g(&mut r, "llmlc_pool_fresh_members", "Members of the pool with fresh samples");
         let pool_up =
             g(&mut r, "llmlc_pool_up", "1 when the pool computed ratios from fresh data in the last cycle");
+        let pool_active_tiers = g(
+            &mut r,
+            "llmlc_pool_active_tiers",
+            "Priority pooling: tiers carrying traffic (1 = the preferred tier only)",
+        );
         let cycle_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         r.register(
             "llmlc_cycle_duration_seconds",
@@ -179,6 +186,7 @@ impl Metrics {
             pool_saturation,
             pool_fresh_members,
             pool_up,
+            pool_active_tiers,
             cycle_duration,
             cycles,
             source_errors,

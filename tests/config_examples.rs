@@ -88,5 +88,5 @@ fn plan_shows_the_exact_promql() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let plan = String::from_utf8_lossy(&out.stdout);
     assert!(plan.contains("sum by (instance) (vllm:num_requests_waiting{job=\"vllm\"})"), "{plan}");
-    assert!(plan.contains("discovered each cycle from up{job=\"vllm\"}"), "{plan}");
+    assert!(plan.contains("discovered_each_cycle_from: up{job=\"vllm\"}"), "{plan}");
 }

@@ -134,6 +134,8 @@ pub struct Step {
     /// The ratios the controller wants now (policy's, equal ones, or the last computed when holding).
     pub desired: Ratios,
     pub decision: Decision,
+    /// Priority pooling's decision this cycle, for pools with tiers and fresh data.
+    pub tiers: Option<crate::priority::SpillStep>,
 }
 
 /// How a push ended, as the shell saw it.
@@ -200,6 +202,8 @@ pub struct Cycle {
     backoff: Backoff,
     last_wait: Option<Duration>,
     change: ChangeFilter,
+    /// Priority pooling: which tiers carry traffic (`None`: one flat pool).
+    tiers: Option<crate::priority::Tiers>,
 }
 
 impl Cycle {
@@ -217,7 +221,15 @@ impl Cycle {
             backoff,
             last_wait: None,
             change,
+            tiers: None,
         }
+    }
+
+    /// With priority pooling: ratios of inactive tiers are pushed as 0. The policy keeps computing
+    /// every member's ratio (its memory stays whole), so a tier that comes back starts from its own.
+    pub fn with_tiers(mut self, tiers: Option<crate::priority::Tiers>) -> Self {
+        self.tiers = tiers;
+        self
     }
 
     pub fn state(&self) -> PoolState {
@@ -245,14 +257,15 @@ impl Cycle {
 
     /// One cycle. `members` are the pool's known members (used when there is no snapshot).
     pub fn step(&mut self, sampled: Sampled<'_>, members: &[MemberId], now: Instant, leading: bool) -> Step {
-        let (state, outcome) = match sampled {
-            Sampled::Failed(_) => (PoolState::SourceDown, None),
+        let (state, outcome, shaped) = match sampled {
+            Sampled::Failed(_) => (PoolState::SourceDown, None, None),
             Sampled::Snapshot(snap) => {
                 let outcome = self.policy.compute(snap, &self.last_computed);
                 if outcome.fresh == 0 {
-                    (PoolState::Stale, Some(outcome))
+                    (PoolState::Stale, Some(outcome), None)
                 } else {
-                    (PoolState::Ok, Some(outcome))
+                    let shaped = self.tiers.as_mut().map(|t| t.apply(snap, &outcome.ratios));
+                    (PoolState::Ok, Some(outcome), shaped)
                 }
             }
         };
@@ -261,9 +274,12 @@ impl Cycle {
         if state == PoolState::Ok {
             let outcome = outcome.expect("a fresh pool always has a policy outcome");
             self.last_computed = outcome.ratios.clone();
-            let desired = outcome.ratios.clone();
+            let (desired, tiers) = match shaped {
+                Some((r, step)) => (r, Some(step)),
+                None => (outcome.ratios.clone(), None),
+            };
             let decision = self.decide(&desired, now, leading);
-            return Step { state, changed_from, policy: Some(outcome), desired, decision };
+            return Step { state, changed_from, policy: Some(outcome), desired, decision, tiers };
         }
 
         // Fail-static, unless the pool has been blind for `reset_after` and equal ratios were asked for.
@@ -276,7 +292,7 @@ impl Cycle {
             let desired: Ratios = members.iter().map(|m| (m.clone(), equal)).collect();
             self.last_computed = desired.clone();
             let decision = self.decide(&desired, now, leading);
-            return Step { state, changed_from, policy: None, desired, decision };
+            return Step { state, changed_from, policy: None, desired, decision, tiers: None };
         }
         Step {
             state,
@@ -284,6 +300,7 @@ impl Cycle {
             policy: None,
             desired: self.last_computed.clone(),
             decision: Decision::Hold(PushOutcome::Held),
+            tiers: None,
         }
     }
 

@@ -138,15 +138,15 @@ pub fn draw(
     );
     let _ = writeln!(
         s,
-        "{:<22} {:>5}  {:<24} {:>5} {:>7} {:>7} {:>6}",
+        "{:<28} {:>5}  {:<24} {:>5} {:>7} {:>7} {:>6}",
         "replica", "speed", "KV cache", "KV%", "queue", "running", "ratio"
     );
     for (i, m) in members.iter().enumerate() {
         let kv = tick.kv.get(i).copied().unwrap_or(0.0);
         let _ = writeln!(
             s,
-            "{:<22} {:>5.2}  {} {:>4.0}% {:>7} {:>7} {:>6}",
-            m,
+            "{:<28} {:>5.2}  {} {:>4.0}% {:>7} {:>7} {:>6}",
+            format!("replica {i} ({m})"),
             speeds.get(i).copied().unwrap_or(1.0),
             bar(kv, 24),
             kv * 100.0,

@@ -1,7 +1,10 @@
-//! A small client for the three Lease calls leader election needs: get, create, update.
+//! A small client for the four calls the controller makes to the Kubernetes API: the Lease's get,
+//! create and update (leader election) and the list of a Service's EndpointSlices (members from
+//! Kubernetes, `crate::source::kubernetes`).
 //!
 //! Plain HTTPS against the API server with the pod's service-account token, rather than a full
-//! Kubernetes client library: three calls do not justify kube-rs's dependency tree and build time.
+//! Kubernetes client library: four calls do not justify kube-rs's dependency tree and build time
+//! (measured in the README's "Members from Kubernetes").
 //! The token file is re-read before every call, because projected service-account tokens are
 //! rotated by the kubelet while the pod runs.
 
@@ -27,8 +30,9 @@ pub enum ApiError {
     )]
     Unauthorized(String),
     #[error(
-        "not allowed: {0}; grant the service account get, create and update on leases.coordination.k8s.io \
-         in this namespace (deploy/openshift/base/rbac.yaml)"
+        "not allowed: {0}; grant the service account what deploy/openshift/base/rbac.yaml grants: get, create \
+         and update on leases.coordination.k8s.io (leader election), list on endpointslices.discovery.k8s.io \
+         in the members' namespace (members from Kubernetes)"
     )]
     Forbidden(String),
     #[error("the API server answered {code}: {message}")]
@@ -126,6 +130,15 @@ impl KubeApi {
         decode(self.send(self.http.post(&url).json(lease), &url).await?).await
     }
 
+    /// `GET` a path of the API (with its query), decoded as `T`; errors as for the Lease calls.
+    pub async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path_and_query: &str,
+    ) -> Result<T, ApiError> {
+        let url = format!("{}{path_and_query}", self.base);
+        decode(self.send(self.http.get(&url), &url).await?).await
+    }
+
     /// Replace the Lease. It must carry the `resourceVersion` it was read with; `Conflict` when the
     /// Lease changed since.
     pub async fn update(&self, lease: &Lease) -> Result<Lease, ApiError> {
@@ -135,8 +148,8 @@ impl KubeApi {
     }
 }
 
-/// A 2xx body as a Lease, or the `Status` the API server sent as an error.
-async fn decode(resp: reqwest::Response) -> Result<Lease, ApiError> {
+/// A 2xx body as a `T`, or the `Status` the API server sent as an error.
+async fn decode<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> Result<T, ApiError> {
     let code = resp.status();
     let body = resp.text().await.map_err(|e| ApiError::Decode(format!("reading the body: {e}")))?;
     if code.is_success() {

@@ -6,6 +6,7 @@
 //! and a member without data is absent from the snapshot, never a zero.
 
 pub mod exposition;
+pub mod kubernetes;
 pub mod profile;
 pub mod prometheus;
 pub mod scrape;

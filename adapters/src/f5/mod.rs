@@ -27,7 +27,6 @@ mod plan;
 mod session;
 mod wire;
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,8 +65,6 @@ pub struct F5Sink {
     mode: F5Mode,
     /// The last balancing mode we warned about, so the warning is given once, not every cycle.
     warned_mode: Mutex<Option<String>>,
-    /// Last reported membership mismatch, so it is logged when it changes, not every cycle.
-    last_mismatch: Mutex<BTreeSet<String>>,
     released: AtomicBool,
 }
 
@@ -98,7 +95,6 @@ impl F5Sink {
             max_ratio: cfg.max_ratio,
             mode: cfg.mode,
             warned_mode: Mutex::new(None),
-            last_mismatch: Mutex::new(BTreeSet::new()),
             released: AtomicBool::new(false),
         })
     }
@@ -207,21 +203,10 @@ impl F5Sink {
              ratio-least-connections-member (recommended) or ratio-member",
             self.pool
         );
-        tracing::warn!(pool = %self.label, bigip_pool = %self.pool, %mode, "{msg}");
+        // Returned, not logged: the controller logs each new warning of a push once (logging here too
+        // printed it twice).
         *warned = Some(mode);
         Ok(Some(msg))
-    }
-
-    /// Log membership mismatches when they change; they are returned in every push's warnings.
-    fn note_mismatch(&self, plan: &plan::Plan) {
-        let now: BTreeSet<String> = plan.missing.iter().chain(&plan.unmanaged).cloned().collect();
-        let mut last = self.last_mismatch.lock().unwrap_or_else(|p| p.into_inner());
-        if *last != now {
-            for w in now.difference(&last) {
-                tracing::warn!(pool = %self.label, "{w}");
-            }
-            *last = now;
-        }
     }
 
     /// PATCH one member's ratio, directly or (with `coordination`) queued into a transaction.
@@ -352,7 +337,7 @@ impl F5Sink {
         }
         let members = self.read_members(&s).await?;
         let plan = plan::plan(self.pool.as_str(), &members, desired, self.max_ratio);
-        self.note_mismatch(&plan);
+        // Membership mismatches are in every push's warnings; the controller logs them when they appear.
         warnings.extend(plan.warnings());
         match plan.changes.len() {
             0 => {}

@@ -13,6 +13,12 @@
 //! Errors are `Status` objects shaped like the real ones. Tests can make the server unavailable to
 //! one token (503, as during an API-server outage seen from one node), inject 409s, or write a Lease
 //! behind the clients' backs.
+//!
+//! It also serves EndpointSlices (`discovery.k8s.io/v1`), read-only, as a Service's controller would
+//! have written them: `GET .../namespaces/NS/endpointslices?labelSelector=k=v[,k2=v2]` lists the
+//! slices whose labels match every term (equality only; other selector syntax is a 400, as a typo
+//! would be), with the list's `resourceVersion`. A token can be denied the list (403 `Forbidden`,
+//! as without the RBAC rule).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -48,6 +54,12 @@ struct Inner {
     stats: Stats,
     /// Every 4xx message, for assertions and for debugging a failing test.
     errors: Vec<String>,
+    /// EndpointSlices by (namespace, name), as JSON objects.
+    slices: BTreeMap<(String, String), Value>,
+    /// Tokens without RBAC on endpointslices.
+    no_slices_for: BTreeSet<String>,
+    /// EndpointSlice lists served.
+    slice_lists: u64,
 }
 
 type Shared = Arc<Mutex<Inner>>;
@@ -125,6 +137,63 @@ impl FakeKube {
 
     pub fn stats(&self) -> Stats {
         self.lock().stats.clone()
+    }
+
+    /// Create or replace an EndpointSlice. `endpoints` are `(address, ready)`; `ports` are
+    /// `(name, port)`. Labelled `kubernetes.io/service-name: SERVICE` like the ones Kubernetes makes.
+    pub fn put_endpoint_slice(
+        &self,
+        namespace: &str,
+        name: &str,
+        service: &str,
+        address_type: &str,
+        endpoints: &[(&str, Option<bool>)],
+        ports: &[(&str, u16)],
+    ) {
+        let mut g = self.lock();
+        g.version += 1;
+        let rv = g.version.to_string();
+        let eps: Vec<Value> = endpoints
+            .iter()
+            .map(|(addr, ready)| {
+                let mut cond = serde_json::Map::new();
+                if let Some(r) = ready {
+                    cond.insert("ready".into(), json!(r));
+                    cond.insert("serving".into(), json!(r));
+                    cond.insert("terminating".into(), json!(false));
+                }
+                json!({"addresses": [addr], "conditions": cond, "targetRef": {"kind": "Pod", "name": format!("pod-{addr}")}})
+            })
+            .collect();
+        let ports: Vec<Value> =
+            ports.iter().map(|(n, p)| json!({"name": n, "port": p, "protocol": "TCP"})).collect();
+        let obj = json!({
+            "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {
+                "name": name, "namespace": namespace, "resourceVersion": rv,
+                "labels": {"kubernetes.io/service-name": service, "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+            },
+            "addressType": address_type,
+            "endpoints": eps,
+            "ports": ports,
+        });
+        g.slices.insert((namespace.to_string(), name.to_string()), obj);
+    }
+
+    pub fn delete_endpoint_slice(&self, namespace: &str, name: &str) {
+        let mut g = self.lock();
+        g.version += 1;
+        g.slices.remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    /// Answer `token`'s EndpointSlice lists with 403, as without the RBAC rule.
+    pub fn deny_endpoint_slices_for(&self, token: &str) {
+        self.lock().no_slices_for.insert(token.to_string());
+    }
+
+    /// How many EndpointSlice lists were served.
+    pub fn endpoint_slice_lists(&self) -> u64 {
+        self.lock().slice_lists
     }
 
     /// Messages of the 4xx answers other than conflicts so far.
@@ -295,6 +364,12 @@ async fn handle(
         );
     }
     let path = uri.path();
+    if let Some(ns) = path
+        .strip_prefix("/apis/discovery.k8s.io/v1/namespaces/")
+        .and_then(|r| r.strip_suffix("/endpointslices"))
+    {
+        return list_slices(&mut g, &method, ns, uri.query().unwrap_or_default(), &token);
+    }
     let rest = match path.strip_prefix(PREFIX) {
         Some(r) => r,
         None => {
@@ -435,6 +510,61 @@ async fn handle(
             "",
         ),
     }
+}
+
+/// `GET .../namespaces/NS/endpointslices?labelSelector=...`: the matching slices as a list.
+fn list_slices(g: &mut Inner, method: &Method, ns: &str, query: &str, token: &str) -> Response {
+    if method != Method::GET {
+        return reject(
+            g,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the fake serves EndpointSlices read-only".into(),
+            "",
+        );
+    }
+    if g.no_slices_for.contains(token) {
+        return reject(
+            g,
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!("endpointslices.discovery.k8s.io is forbidden: User \"system:serviceaccount:x:y\" cannot list resource \"endpointslices\" in API group \"discovery.k8s.io\" in the namespace \"{ns}\""),
+            "",
+        );
+    }
+    let mut terms: Vec<(String, String)> = Vec::new();
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        if k != "labelSelector" {
+            continue;
+        }
+        for term in v.split(',').filter(|t| !t.is_empty()) {
+            match term.split_once('=') {
+                Some((key, val)) if !key.ends_with('!') && !val.starts_with('=') => {
+                    terms.push((key.trim().to_string(), val.trim().to_string()))
+                }
+                _ => {
+                    let m =
+                        format!("unable to parse requirement: the fake takes key=value terms only: {term:?}");
+                    return reject(g, StatusCode::BAD_REQUEST, "BadRequest", m, "");
+                }
+            }
+        }
+    }
+    g.slice_lists += 1;
+    let items: Vec<Value> = g
+        .slices
+        .iter()
+        .filter(|((n, _), _)| n == ns)
+        .map(|(_, v)| v)
+        .filter(|v| terms.iter().all(|(k, val)| v["metadata"]["labels"][k.as_str()] == val.as_str()))
+        .cloned()
+        .collect();
+    let body = json!({
+        "kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
+        "metadata": {"resourceVersion": g.version.to_string()},
+        "items": items,
+    });
+    (StatusCode::OK, [("content-type", "application/json")], body.to_string()).into_response()
 }
 
 #[cfg(test)]

@@ -1,0 +1,250 @@
+//! Members from a Kubernetes Service's EndpointSlices, end to end: the controller binary against the
+//! fake API server (tests/support/src/kube.rs) and live metrics pages. Ready endpoints only, other
+//! Services' slices ignored, pods coming and going followed cycle by cycle, a missing RBAC rule
+//! reported with what to grant, and config errors naming file and field.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use llm_lc_testkit::kube::FakeKube;
+use llm_lc_testkit::metrics_target::MetricsTarget;
+use llm_lc_testkit::{ports, wait};
+
+const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
+const NS: &str = "llm-serving";
+
+fn cmd() -> Command {
+    let mut c = Command::new(BIN);
+    // The test machine may run in a pod: the controller must only see the fake API server.
+    c.env_remove("KUBERNETES_SERVICE_HOST").env_remove("KUBERNETES_SERVICE_PORT").env_remove("POD_NAMESPACE");
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("LLMLC_") {
+            c.env_remove(&k);
+        }
+    }
+    c
+}
+
+struct Running {
+    child: Child,
+    listen: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    fn start(api: &str, token: &str) -> Running {
+        let dir = tempfile::tempdir().expect("tmp");
+        let listen = ports::free_port();
+        let cfg = dir.path().join("c.yaml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "interval: 200ms\nlisten: 127.0.0.1:{listen}\nleader_election: {{ enabled: false }}\nsources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members:\n      kubernetes: {{ service: vllm, namespace: {NS}, port: http, api_url: '{api}', token: {{ value: {token} }} }}\n"
+            ),
+        )
+        .expect("config");
+        let log = dir.path().join("stderr.log");
+        let child = cmd()
+            .args(["run", "--dry-run", "--config"])
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start controller");
+        Running { child, listen, log, _dir: dir }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Members of the last cycle's report that have a ratio.
+    async fn members(&self) -> Option<BTreeSet<String>> {
+        let v: serde_json::Value = reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{}/v1/ratios", self.listen))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let pool = v["pools"].as_array()?.iter().find(|p| p["pool"] == "llm")?;
+        Some(
+            pool["members"]
+                .as_array()?
+                .iter()
+                .filter_map(|m| Some(m["member"].as_str()?.to_string()))
+                .collect(),
+        )
+    }
+
+    async fn wait_members(&self, want: &BTreeSet<String>, what: &str) {
+        wait::until(Duration::from_secs(20), what, || async {
+            (self.members().await.as_ref() == Some(want)).then_some(())
+        })
+        .await;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One slice per pod, as Kubernetes makes when a named target port resolves to a different number
+/// on each pod: here each pod's "http" port is its own metrics page's port.
+fn put_pod(kube: &FakeKube, slice: &str, service: &str, t: &MetricsTarget, ready: Option<bool>) {
+    kube.put_endpoint_slice(NS, slice, service, "IPv4", &[("127.0.0.1", ready)], &[("http", t.addr.port())]);
+}
+
+fn set(items: &[&MetricsTarget]) -> BTreeSet<String> {
+    items.iter().map(|t| t.member()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_follow_the_ready_endpoints_of_the_service() {
+    let kube = FakeKube::start(&["t1"]).await;
+    let a = MetricsTarget::vllm(0.0, 2.0, 0.1).await;
+    let b = MetricsTarget::vllm(4.0, 30.0, 0.7).await;
+    let c = MetricsTarget::vllm(1.0, 8.0, 0.3).await;
+    let other = MetricsTarget::vllm(0.0, 1.0, 0.1).await;
+    put_pod(&kube, "vllm-a", "vllm", &a, Some(true));
+    put_pod(&kube, "vllm-b", "vllm", &b, None); // no condition: ready, says Kubernetes
+    put_pod(&kube, "vllm-c", "vllm", &c, Some(false)); // starting, not ready yet
+    put_pod(&kube, "other-x", "other", &other, Some(true)); // another Service in the namespace
+
+    let run = Running::start(&kube.url(), "t1");
+    run.wait_members(&set(&[&a, &b]), "the ready endpoints of Service vllm").await;
+
+    // c turns ready, a's pod goes away: the pool follows within a few cycles.
+    put_pod(&kube, "vllm-c", "vllm", &c, Some(true));
+    kube.delete_endpoint_slice(NS, "vllm-a");
+    run.wait_members(&set(&[&b, &c]), "c in, a out").await;
+    let log = run.log();
+    assert!(log.contains("member joined the pool") && log.contains("member left the pool"), "{log}");
+    assert!(kube.endpoint_slice_lists() >= 2, "one LIST per cycle");
+    assert!(kube.errors().is_empty(), "requests the API server would refuse: {:?}", kube.errors());
+
+    // The API server goes away: the last known members stay.
+    kube.set_down_for("t1", true);
+    let lists = kube.endpoint_slice_lists();
+    wait::until(Duration::from_secs(10), "discovery to fail", || async {
+        run.log().contains("member discovery failed; keeping the last known members").then_some(())
+    })
+    .await;
+    assert_eq!(run.members().await, Some(set(&[&b, &c])));
+    assert_eq!(kube.endpoint_slice_lists(), lists, "a 503 is not a served list");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_rbac_rule_is_reported_with_what_to_grant() {
+    let kube = FakeKube::start(&["t1"]).await;
+    kube.deny_endpoint_slices_for("t1");
+    let run = Running::start(&kube.url(), "t1");
+    let log = wait::until(Duration::from_secs(20), "the discovery error in the log", || async {
+        let l = run.log();
+        l.contains("member discovery failed").then_some(l)
+    })
+    .await;
+    assert!(log.contains("cannot list resource"), "the API server's own words: {log}");
+    assert!(log.contains("list on endpointslices.discovery.k8s.io"), "{log}");
+    assert!(log.contains("deploy/openshift/base/rbac.yaml"), "{log}");
+}
+
+fn check(dir: &Path, members: &str) -> std::process::Output {
+    let p = dir.join("c.yaml");
+    std::fs::write(
+        &p,
+        format!("sources:\n  direct: {{ kind: scrape }}\npools:\n  - name: llm\n    source: direct\n    members:\n      {members}\n"),
+    )
+    .expect("write");
+    cmd().args(["check", "--config"]).arg(&p).output().expect("check")
+}
+
+#[test]
+fn config_errors_name_file_line_and_field_and_the_plan_shows_the_service() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = check(dir.path(), "kubernetes: { service: Vllm_Svc, namespace: llm, port: 0 }");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("c.yaml: pools[0].members.kubernetes.service: \"Vllm_Svc\" is not a Service name"),
+        "{err}"
+    );
+    assert!(err.contains("pools[0].members.kubernetes.port: must be 1..65535"), "{err}");
+
+    let out = check(dir.path(), "kubernetes: { servce: vllm }");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("c.yaml:7:") && err.contains("servce"), "{err}");
+
+    let out = check(dir.path(), "{ kubernetes: { service: vllm }, static: ['10.0.0.1:80'] }");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("set exactly one of"), "two forms");
+
+    let out = check(dir.path(), "kubernetes: { service: vllm, namespace: llm, port: http }");
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&plan).expect("YAML plan");
+    let k = &doc["pools"][0]["members"]["kubernetes"];
+    assert_eq!(k["service"].as_str(), Some("vllm"), "{plan}");
+    assert_eq!(k["port"].as_str(), Some("http"), "{plan}");
+}
+
+/// The shipped RBAC lets the controller's service account list EndpointSlices in the namespace the
+/// example config reads its Service from, and nothing more.
+#[test]
+fn the_rbac_manifest_grants_what_the_example_config_needs() {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use serde::Deserialize;
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cfg_path = root.join("config/openshift-kubernetes-members.yaml");
+    let text = std::fs::read_to_string(&cfg_path).expect("example config");
+    let cfg: llm_load_controller::config::Config =
+        llm_load_controller::config::deserialize_yaml(&cfg_path, &text).expect("example parses");
+    let k = cfg.pools[0].members.kubernetes.clone().expect("kubernetes members");
+    let ns = k.namespace.expect("the example names its namespace");
+
+    let rbac =
+        std::fs::read_to_string(root.join("deploy/openshift/kubernetes-members/rbac.yaml")).expect("rbac");
+    let docs: Vec<serde_yaml_ng::Value> = serde_yaml_ng::Deserializer::from_str(&rbac)
+        .map(|d| serde_yaml_ng::Value::deserialize(d).expect("YAML"))
+        .collect();
+    let role: Role = serde_yaml_ng::from_value(docs[0].clone()).expect("Role");
+    let rb: RoleBinding = serde_yaml_ng::from_value(docs[1].clone()).expect("RoleBinding");
+    assert_eq!(role.metadata.namespace.as_deref(), Some(ns.as_str()));
+    assert_eq!(rb.metadata.namespace.as_deref(), Some(ns.as_str()));
+    let rules = role.rules.expect("rules");
+    assert_eq!(rules.len(), 1, "nothing but EndpointSlices");
+    let r = &rules[0];
+    assert_eq!(r.api_groups.as_deref(), Some(&["discovery.k8s.io".to_string()][..]));
+    assert_eq!(r.resources.as_deref(), Some(&["endpointslices".to_string()][..]));
+    assert!(r.verbs.contains(&"list".to_string()), "the controller lists");
+    assert!(
+        r.verbs.iter().all(|v| ["get", "list", "watch"].contains(&v.as_str())),
+        "read-only: {:?}",
+        r.verbs
+    );
+    assert_eq!(
+        (rb.role_ref.kind.as_str(), rb.role_ref.name.as_str()),
+        ("Role", role.metadata.name.as_deref().unwrap_or(""))
+    );
+    // The subject is the service account of deploy/openshift/base.
+    let sa = std::fs::read_to_string(root.join("deploy/openshift/base/serviceaccount.yaml")).expect("sa");
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_yaml_ng::from_str(&sa).expect("ServiceAccount");
+    let base_ns = "llm-load-controller"; // deploy/openshift/base/kustomization.yaml's namespace
+    let subjects = rb.subjects.expect("subjects");
+    assert!(
+        subjects.iter().any(|s| s.kind == "ServiceAccount"
+            && Some(&s.name) == sa.metadata.name.as_ref()
+            && s.namespace.as_deref() == Some(base_ns)),
+        "{subjects:?}"
+    );
+}

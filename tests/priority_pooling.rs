@@ -1,0 +1,168 @@
+//! Priority pooling end to end on a real HAProxy: the controller binary keeps the remote tier at
+//! weight 0 while the local tier has room, spills to it when the local tier saturates, and takes it
+//! back out once the load fits the local tier again (below the lower threshold: hysteresis).
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use llm_lc_testkit::haproxy::{standard_config, Haproxy};
+use llm_lc_testkit::metrics_target::{vllm_text, MetricsTarget};
+use llm_lc_testkit::{ports, wait};
+
+const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
+
+struct Running(Child, tempfile::TempDir);
+
+impl Running {
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.1.path().join("stderr.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn metrics(port: u16) -> String {
+    match reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_remote_tier_gets_traffic_only_while_the_local_one_is_saturated() {
+    // east (local): s0, s1; west (remote): s2, s3.
+    let east = [MetricsTarget::vllm(0.0, 8.0, 0.3).await, MetricsTarget::vllm(0.0, 8.0, 0.3).await];
+    let west = [MetricsTarget::vllm(0.0, 0.0, 0.0).await, MetricsTarget::vllm(0.0, 0.0, 0.0).await];
+    let all: Vec<&MetricsTarget> = east.iter().chain(&west).collect();
+    let servers: String =
+        all.iter().enumerate().map(|(i, x)| format!("    server s{i} {} weight 1\n", x.member())).collect();
+    let h = Haproxy::start(&standard_config(&format!(
+        "backend llm\n    balance leastconn\n{servers}\nfrontend fe\n    bind 127.0.0.1:{{{{PORT:fe}}}}\n    default_backend llm\n"
+    )))
+    .await;
+    let east_re = format!("127\\.0\\.0\\.1:({}|{})", east[0].addr.port(), east[1].addr.port());
+    let dir = tempfile::tempdir().expect("tmp");
+    let listen = ports::free_port();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interval: 200ms\nlisten: 127.0.0.1:{listen}\nsources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ from_lb: true }}\n    priority:\n      tiers:\n        - {{ name: east, members: '{east_re}' }}\n        - {{ name: west }}\n      spill_at: 0.8\n      return_below: 0.6\n    sink: {{ kind: haproxy, address: '{}', backend: llm, allow_drain: true }}\n",
+            h.runtime_address()
+        ),
+    )
+    .expect("config");
+    let out = Command::new(BIN).args(["check", "--config"]).arg(&cfg).output().expect("check");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run = Running(
+        Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("stderr.log")).expect("log"))
+            .spawn()
+            .expect("start"),
+        dir,
+    );
+    let weights = || async { h.state_weights("llm").await };
+    let local_only = |w: &BTreeMap<String, u32>| {
+        w.get("s0").is_some_and(|v| *v > 0)
+            && w.get("s1").is_some_and(|v| *v > 0)
+            && w.get("s2") == Some(&0)
+            && w.get("s3") == Some(&0)
+    };
+    let spilled = |w: &BTreeMap<String, u32>| {
+        ["s0", "s1", "s2", "s3"].iter().all(|s| w.get(*s).is_some_and(|v| *v > 0))
+    };
+
+    // 1. East at 30%: west carries nothing (weight 0 in HAProxy).
+    wait::until(Duration::from_secs(20), "west at weight 0", || async {
+        local_only(&weights().await).then_some(())
+    })
+    .await;
+
+    // 2. East saturates: west gets weights.
+    for t in &east {
+        t.set(&vllm_text(20.0, 64.0, 0.97));
+    }
+    wait::until(Duration::from_secs(20), "spill to west", || async {
+        spilled(&weights().await).then_some(())
+    })
+    .await;
+    assert!(metrics(listen).await.contains("llmlc_pool_active_tiers{pool=\"llm\"} 2"));
+    let report: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{listen}/v1/ratios"))
+        .await
+        .expect("report")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(report["pools"][0]["active_tiers"], serde_json::json!(["east", "west"]), "{report}");
+
+    // 3. Load between the thresholds (east 0.5 + west 0.3 over east alone = 0.8): west stays.
+    // West first: east alone dropping to 0.5 with west still idle would be a real reason to return.
+    for t in &west {
+        t.set(&vllm_text(0.0, 8.0, 0.3));
+    }
+    for t in &east {
+        t.set(&vllm_text(0.0, 16.0, 0.5));
+    }
+    // Several cycles at these loads (the scrape sees them within one), and nothing moves back.
+    let cycles = |text: String| -> u64 {
+        text.lines()
+            .filter(|l| l.starts_with("llmlc_cycles_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    let c0 = cycles(metrics(listen).await);
+    wait::until(Duration::from_secs(10), "five cycles", || async {
+        (cycles(metrics(listen).await) >= c0 + 5).then_some(())
+    })
+    .await;
+    assert!(spilled(&weights().await), "returned while the load would not fit east: {:?}", weights().await);
+
+    // 4. Load falls: (2 x 0.2 + 2 x 0.1) / 2 = 0.3 < 0.6: west back to 0.
+    for t in &east {
+        t.set(&vllm_text(0.0, 4.0, 0.2));
+    }
+    for t in &west {
+        t.set(&vllm_text(0.0, 2.0, 0.1));
+    }
+    wait::until(Duration::from_secs(20), "west back to weight 0", || async {
+        local_only(&weights().await).then_some(())
+    })
+    .await;
+    let log = run.log();
+    assert_eq!(log.matches("spilled over to the next tier").count(), 1, "{log}");
+    assert_eq!(log.matches("returned from the last tier").count(), 1, "{log}");
+}
+
+#[test]
+fn sinks_that_cannot_express_an_inactive_tier_are_refused_by_check() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let check = |sink: &str| {
+        let p = dir.path().join("c.yaml");
+        std::fs::write(
+            &p,
+            format!("sources:\n  direct: {{ kind: scrape }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: ['10.1.0.1:80', '10.2.0.1:80'] }}\n    priority: {{ tiers: [{{ name: east, members: '10\\.1\\..*' }}, {{ name: west }}] }}\n    sink: {sink}\n"),
+        )
+        .expect("write");
+        let out = Command::new(BIN).args(["check", "--config"]).arg(&p).output().expect("check");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = check("{ kind: haproxy, address: '127.0.0.1:9999', backend: llm }");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("c.yaml: pools[0].priority: needs `sink.allow_drain: true`"), "{err}");
+    let (code, err) =
+        check("{ kind: f5, url: 'https://bigip', pool: /Common/p, username: u, password: { value: p } }");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("pools[0].priority: not supported with the f5 sink"), "{err}");
+    let (code, err) = check("{ kind: envoy, cluster: vllm }");
+    assert_eq!(code, Some(0), "{err}");
+}
