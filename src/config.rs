@@ -7,14 +7,15 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use llm_lc_adapters::{MemberId, SecretRef, SinkConfig};
+use llm_lc_adapters::{MemberId, SinkConfig};
 pub use llm_lc_configfile::{deserialize_yaml, problems_in, ConfigError, ConfigErrors};
 use serde::Deserialize;
 
 use crate::policy::PolicyConfig;
+pub use crate::source::config::{PrometheusConfig, ScrapeConfig, SourceConfig};
 use crate::source::profile::{MetricOverrides, ProfileName, QueryOverrides};
 use crate::source::validate as v;
 
@@ -45,64 +46,6 @@ pub enum LogFormat {
     #[default]
     Text,
     Json,
-}
-
-/// Where samples come from. Several pools may share one source; each cycle queries a source once per
-/// signal for all its pools.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum SourceConfig {
-    Prometheus(PrometheusConfig),
-    Scrape(ScrapeConfig),
-}
-
-/// Prometheus or Thanos Querier (same HTTP API).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PrometheusConfig {
-    /// Base URL, e.g. `https://thanos-querier.openshift-monitoring.svc:9091`.
-    pub url: String,
-    /// Sent as `Authorization: Bearer`. On OpenShift: `file: /var/run/secrets/kubernetes.io/serviceaccount/token`.
-    #[serde(default)]
-    pub bearer_token: Option<SecretRef>,
-    /// Extra CA bundle (PEM), e.g. the service CA for Thanos Querier.
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-    /// Turns TLS certificate verification off. Logged as a warning at start.
-    #[serde(default)]
-    pub insecure_skip_verify: bool,
-    #[serde(default = "defaults::prom_timeout", with = "humantime_serde")]
-    pub timeout: Duration,
-    /// Extra request headers (a tenant header for Thanos/Cortex, for example).
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// Window of `rate()` for the mean processing time from the latency histogram.
-    #[serde(default = "defaults::rate_window", with = "humantime_serde")]
-    pub rate_window: Duration,
-}
-
-/// GET each member's metrics page directly: fresher than Prometheus, one request per member.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScrapeConfig {
-    #[serde(default = "defaults::scrape_timeout", with = "humantime_serde")]
-    pub timeout: Duration,
-    /// At most this many scrapes in flight at once.
-    #[serde(default = "defaults::concurrency")]
-    pub concurrency: usize,
-    #[serde(default = "defaults::scheme")]
-    pub scheme: String,
-    #[serde(default = "defaults::metrics_path")]
-    pub path: String,
-    #[serde(default)]
-    pub bearer_token: Option<SecretRef>,
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-    #[serde(default)]
-    pub insecure_skip_verify: bool,
-    /// Largest metrics page read; a larger one makes that member unreadable (`too_large`).
-    #[serde(default = "defaults::max_body_bytes")]
-    pub max_body_bytes: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -249,9 +192,6 @@ mod bounds {
 
     pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
     pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
-    pub const MIN_TIMEOUT: Duration = Duration::from_millis(10);
-    pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
-    pub const MAX_RATE_WINDOW: Duration = Duration::from_secs(86400);
     pub const MAX_STALE: Duration = Duration::from_secs(86400);
     pub const MAX_RESET: Duration = Duration::from_secs(7 * 86400);
     pub const MIN_NORM: f64 = 1e-6;
@@ -269,27 +209,6 @@ mod defaults {
     }
     pub fn unready_after_cycles() -> u32 {
         3
-    }
-    pub fn prom_timeout() -> Duration {
-        Duration::from_secs(5)
-    }
-    pub fn rate_window() -> Duration {
-        Duration::from_secs(60)
-    }
-    pub fn scrape_timeout() -> Duration {
-        Duration::from_secs(2)
-    }
-    pub fn concurrency() -> usize {
-        16
-    }
-    pub fn scheme() -> String {
-        "http".into()
-    }
-    pub fn max_body_bytes() -> usize {
-        crate::source::exposition::DEFAULT_MAX_BYTES
-    }
-    pub fn metrics_path() -> String {
-        "/metrics".into()
     }
     pub fn join_label() -> String {
         "instance".into()
@@ -355,58 +274,8 @@ impl Config {
             err(format!("leader_election.{field}"), &msg);
         }
         for (name, src) in &self.sources {
-            let at = |f: &str| format!("sources.{name}.{f}");
-            match src {
-                SourceConfig::Prometheus(p) => {
-                    // The same function the source builds its query URL with, so `check` and `run` agree.
-                    if let Err(m) = crate::source::prometheus::query_url(&p.url) {
-                        err(at("url"), &m);
-                    }
-                    if let Err(m) = v::duration_within(p.timeout, bounds::MIN_TIMEOUT, bounds::MAX_TIMEOUT) {
-                        err(at("timeout"), &m);
-                    }
-                    for (k, val) in &p.headers {
-                        if let Err(m) = v::header(k, val) {
-                            err(at(&format!("headers.{k}")), &m);
-                        }
-                    }
-                    if let Some(ca) = p.ca_file.as_ref().filter(|_| check_files) {
-                        if let Err(m) = v::ca_file(ca) {
-                            err(at("ca_file"), &m);
-                        }
-                    }
-                    if p.rate_window > bounds::MAX_RATE_WINDOW {
-                        err(at("rate_window"), "must be at most 1d");
-                    }
-                    if p.rate_window < Duration::from_secs(1) {
-                        err(
-                            at("rate_window"),
-                            "must be at least 1s (and should cover a few scrape intervals)",
-                        );
-                    }
-                }
-                SourceConfig::Scrape(s) => {
-                    if let Err(m) = v::duration_within(s.timeout, bounds::MIN_TIMEOUT, bounds::MAX_TIMEOUT) {
-                        err(at("timeout"), &m);
-                    }
-                    if let Some(ca) = s.ca_file.as_ref().filter(|_| check_files) {
-                        if let Err(m) = v::ca_file(ca) {
-                            err(at("ca_file"), &m);
-                        }
-                    }
-                    if !(1024..=1 << 30).contains(&s.max_body_bytes) {
-                        err(at("max_body_bytes"), "must be between 1024 and 1073741824 (1 GiB)");
-                    }
-                    if s.concurrency == 0 {
-                        err(at("concurrency"), "must be >= 1");
-                    }
-                    if !matches!(s.scheme.as_str(), "http" | "https") {
-                        err(at("scheme"), "must be http or https");
-                    }
-                    if !s.path.starts_with('/') {
-                        err(at("path"), "must start with /");
-                    }
-                }
+            for (field, msg) in src.validate(check_files) {
+                err(format!("sources.{name}.{field}"), &msg);
             }
         }
         let mut seen = std::collections::BTreeSet::new();

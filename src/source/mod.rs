@@ -5,6 +5,7 @@
 //! policy sees them: NaN, infinities, negative numbers and KV usage above 1 are rejected and counted,
 //! and a member without data is absent from the snapshot, never a zero.
 
+pub mod config;
 pub mod exposition;
 pub mod kubernetes;
 pub mod profile;
