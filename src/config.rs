@@ -514,6 +514,7 @@ impl Config {
             let (queue_norm, running_norm) = match &p.policy {
                 PolicyConfig::Headroom(h) => (h.queue_norm, h.running_norm),
                 PolicyConfig::Feedback(f) => (f.queue_norm, f.running_norm),
+                PolicyConfig::Capacity(c) => (crate::policy::capacity::SATURATION_QUEUE_NORM, c.running_norm),
             };
             for (x, f) in [(queue_norm, "queue_norm"), (running_norm, "running_norm")] {
                 // policy.validate() already refuses <= 0 and non-finite; tiny values overflow loads.
