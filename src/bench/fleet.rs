@@ -856,3 +856,20 @@ impl Sim<'_> {
         RunOutcome { result, ttft_sorted: self.ttft, series: self.series, events: self.events, wall_s: 0.0 }
     }
 }
+
+#[cfg(test)]
+mod lb_kind_tests {
+    use super::LbKind;
+
+    #[test]
+    fn weights_take_effect_after_the_lb_kinds_delay() {
+        assert_eq!(LbKind::Proxy.apply_at(10.0, 6, 0.3), 10.0);
+        assert!((LbKind::Haproxy.apply_at(10.0, 6, 0.3) - 10.05).abs() < 1e-9);
+        // Envoy serves the new assignment on its next EDS poll (every second, at phase 0.3).
+        assert!((LbKind::Envoy.apply_at(10.0, 6, 0.3) - 10.3).abs() < 1e-9);
+        assert!((LbKind::Envoy.apply_at(10.5, 6, 0.3) - 11.3).abs() < 1e-9);
+        // BIG-IP: more changed members, more PATCH calls.
+        assert!(LbKind::F5.apply_at(10.0, 6, 0.0) > LbKind::F5.apply_at(10.0, 1, 0.0));
+        assert!(LbKind::parse("nginx").unwrap_err().contains("envoy"));
+    }
+}

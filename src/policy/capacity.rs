@@ -10,10 +10,11 @@
 //! - **capacity in concurrent requests** `K = min(max_num_seqs, running / KV usage)`: how many of
 //!   today's requests fill the server (its batch limit or its memory, whichever binds). Smoothed:
 //!   memory does not change suddenly, the mix on one server at one instant is noisy;
-//! - **service time** `s`: the mean processing time with the queueing part taken out (Little's law:
-//!   `latency x running / (running + waiting)`). Feed-forward: when a queued server's service time
-//!   jumps by half or more it is believed at once, so a server slowed to a third is at its new share
-//!   as soon as its samples show it;
+//! - **service time** `s`: the mean processing time, learnt while the server does not queue (then
+//!   latency is service). Feed-forward: when a queued server's latency exceeds its estimate by half
+//!   or more, the estimate jumps at once to that latency with the queue's part taken out (Little's
+//!   law: `latency x running / (running + waiting)`), so a server slowed to a third is at its new
+//!   share as soon as its samples show it;
 //! - **queueing delay** `d = waiting x s / K`: how long a request sent now waits for its first token.
 //!
 //! The ratio is `base x trim x delay factor`:
@@ -79,12 +80,14 @@ pub struct CapacityParams {
 }
 
 impl Default for CapacityParams {
-    /// Chosen on seeds 1-3 of the benchmark's goals grid (src/bench/RESULTS.md).
+    /// Chosen on seeds 1-3 of the benchmark's goals grid (src/bench/RESULTS.md): smoothing 0.03
+    /// beat 0.1 with weighted round robin on long-context mixes (noisy estimates made it 2-6x worse
+    /// than fixed weights) and was no worse behind least-connections; delay_tau 2 s beat 1 s.
     fn default() -> Self {
         CapacityParams {
             mode: Mode::LeastConnections,
             max_num_seqs: 256.0,
-            smoothing: 0.1,
+            smoothing: 0.03,
             delay_tau: 2.0,
             gain: 0.1,
             trim_band: 0.1,
@@ -171,13 +174,17 @@ impl Capacity {
             m.k = Some(blend(m.k, k, false).max(1.0));
         }
         if let Some(l) = s.latency.filter(|l| *l > 0.0 && l.is_finite()) {
-            // Little's law: the share of the latency spent running, not queued.
-            let in_system = s.running + s.waiting;
-            let service = if in_system > 0.0 { l * s.running.max(1.0).min(in_system) / in_system } else { l };
-            // Feed-forward: a server that queues and takes much longer per request than before has
-            // lost capacity; believe it at once instead of integrating toward it.
-            let at_once = queued && m.s.is_some_and(|o| service > SLOWDOWN * o);
-            m.s = Some(blend(m.s, service, at_once));
+            if !queued {
+                m.s = Some(blend(m.s, l, false));
+            } else if m.s.is_none_or(|o| l > SLOWDOWN * o) {
+                // Feed-forward: a queued server whose requests take much longer than its estimate
+                // has lost capacity; believe it at once, with the queue's part taken out (Little's
+                // law: the share of the time in the system spent running). Smaller readings from a
+                // queued server are not used: the latency window still holds the waits of requests
+                // queued earlier, and the queue now may be new, so their mix is not a service time.
+                let in_system = s.running + s.waiting;
+                m.s = Some(l * s.running.max(1.0).min(in_system) / in_system.max(1.0));
+            }
         }
         m
     }
