@@ -266,7 +266,7 @@ mod tests {
         assert!(mem.speeds.iter().all(|&v| v == 1.0));
         assert_eq!(mem.kv_scale.iter().filter(|&&k| k < 0.34).count(), 2);
         let drift = build("slow-drift", None, None, None).unwrap();
-        let last = drift.speed_changes.iter().filter(|c| c.replica == 0).last().unwrap();
+        let last = drift.speed_changes.iter().rfind(|c| c.replica == 0).unwrap();
         assert!((last.speed - DRIFT_TO).abs() < 1e-9 && last.at_s <= drift.warmup_s + 0.6 * 720.0);
         // Monotone, gradual: no step bigger than a tenth of the way.
         let r0: Vec<f64> = drift.speed_changes.iter().filter(|c| c.replica == 0).map(|c| c.speed).collect();
