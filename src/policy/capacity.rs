@@ -418,7 +418,7 @@ mod tests {
             last = r;
         }
         let share = f64::from(last[0]) / f64::from(last[1]);
-        assert!(share < 0.7 && share >= 1.0 / 16.0 - 0.02, "trimmed, within trim_max^2: {last:?}");
+        assert!((1.0 / 16.0 - 0.02..0.7).contains(&share), "trimmed, within trim_max^2: {last:?}");
     }
 
     #[test]
