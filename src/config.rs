@@ -403,10 +403,7 @@ impl Config {
             for (field, msg) in p.policy.validate() {
                 err(at(&format!("policy.{field}")), &msg);
             }
-            let (queue_norm, running_norm) = match &p.policy {
-                PolicyConfig::Headroom(h) => (h.queue_norm, h.running_norm),
-                PolicyConfig::Feedback(f) => (f.queue_norm, f.running_norm),
-            };
+            let (queue_norm, running_norm) = p.policy.norms();
             for (x, f) in [(queue_norm, "queue_norm"), (running_norm, "running_norm")] {
                 // policy.validate() already refuses <= 0 and non-finite; tiny values overflow loads.
                 if x > 0.0 && x < bounds::MIN_NORM {

@@ -76,10 +76,7 @@ fn tiers_of(p: &PoolConfig) -> Option<crate::priority::Tiers> {
     let cfg = p.priority.as_ref()?;
     // Validated by `Config::validate`; a regex that fails here would have been refused there.
     let spill = crate::priority::Spill::new(cfg).ok()?;
-    let (queue_norm, running_norm) = match &p.policy {
-        crate::policy::PolicyConfig::Headroom(h) => (h.queue_norm, h.running_norm),
-        crate::policy::PolicyConfig::Feedback(f) => (f.queue_norm, f.running_norm),
-    };
+    let (queue_norm, running_norm) = p.policy.norms();
     Some(crate::priority::Tiers { spill, stale_after: p.stale_after, queue_norm, running_norm })
 }
 

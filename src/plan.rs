@@ -266,6 +266,25 @@ fn policy(p: &PolicyConfig) -> Value {
                 put(&mut m, k, v);
             }
         }
+        PolicyConfig::Capacity(c) => {
+            let mode = match c.mode {
+                crate::policy::capacity::Mode::LeastConnections => "least-connections",
+                crate::policy::capacity::Mode::RoundRobin => "round-robin",
+            };
+            put(&mut m, "mode", mode);
+            for (k, v) in [
+                ("max_num_seqs", c.max_num_seqs),
+                ("smoothing", c.smoothing),
+                ("delay_tau", c.delay_tau),
+                ("gain", c.gain),
+                ("trim_band", c.trim_band),
+                ("trim_max", c.trim_max),
+                ("deadband", c.deadband),
+                ("running_norm", c.running_norm),
+            ] {
+                put(&mut m, k, v);
+            }
+        }
         PolicyConfig::Headroom(h) => {
             for (k, v) in [
                 ("kv_weight", h.kv_weight),

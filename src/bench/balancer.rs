@@ -1,17 +1,27 @@
 //! The simulated load balancers: which replica each request goes to.
 //!
-//! All but `epp` are [`llm_lc_balance::Picker`], the code the reference proxy runs. What each one
-//! knows, as in life:
+//! All but the two `epp` variants are [`llm_lc_balance::Picker`], the code the reference proxy
+//! runs. What each one knows, as in life:
 //! - in-flight counts are the balancer's own (a real LB counts its connections), exact and instant;
-//! - weights are the controller's ratios, as of the last push;
-//! - `epp` sees the model servers' own gauges, refreshed every 50 ms, and nothing else.
+//!   with several balancer instances each counts only what it sent itself;
+//! - weights are the controller's ratios, as of the last push that took effect; the `static-*`
+//!   balancers instead hold fixed weights proportional to each replica's calibrated capacity at the
+//!   start of the run (what an operator sets by hand from a spec sheet);
+//! - `epp` and `epp-active` see the model servers' own gauges, refreshed every 50 ms.
 //!
 //! `epp` stands for the Gateway API Inference Extension's endpoint picker in its load-only
 //! configuration (prefix-cache scoring has nothing to score here: requests share no prefixes):
 //! `queue-scorer` (waiting queue, min-max normalized across endpoints, 1 when all are equal) and
 //! `kv-cache-utilization-scorer` (1 - KV usage), both weight 2 as in the project's published default
 //! config, then `max-score-picker` (highest total, ties at random). It does not count its own
-//! in-flight requests; between refreshes it keeps choosing from the same numbers.
+//! in-flight requests and refreshes every replica at the same instant: between refreshes it keeps
+//! choosing from the same numbers, so a 50 ms window's requests herd onto one replica. It is kept as
+//! that herding variant.
+//!
+//! `epp-active` is the stronger baseline a sceptical user would configure: the same two scorers
+//! plus llm-d's active-request scorer (the picker's own in-flight count per replica, min-max
+//! normalized, weight 2), and each replica's metrics refreshed on its own timer at an independent
+//! phase (as separate scrapes are), so no single instant decides a window's worth of requests.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -34,6 +44,12 @@ pub enum Balancer {
     RatioP2c,
     /// Per-request picker on 50 ms-old queue and KV metrics (Gateway API Inference Extension).
     Epp,
+    /// `epp` plus its own in-flight count (llm-d's active-request scorer), per-replica refresh phases.
+    EppActive,
+    /// Weighted round robin with fixed weights proportional to calibrated capacity.
+    StaticRatio,
+    /// Weighted least-request with fixed weights proportional to calibrated capacity.
+    StaticRatioLeastRequest,
 }
 
 /// The six balancers of the issue, in report order.
@@ -51,10 +67,25 @@ pub const ALL: &[Balancer] = &[
     Balancer::RoundRobin,
     Balancer::Random,
     Balancer::LeastRequest,
+    Balancer::StaticRatio,
+    Balancer::StaticRatioLeastRequest,
     Balancer::Ratio,
     Balancer::RatioLeastRequest,
     Balancer::RatioP2c,
     Balancer::Epp,
+    Balancer::EppActive,
+];
+
+/// The balancers of the goals grid (src/bench/RESULTS.md): the controller's two modes against the
+/// strongest baselines of each kind.
+pub const GOALS_SET: &[Balancer] = &[
+    Balancer::LeastRequest,
+    Balancer::StaticRatio,
+    Balancer::StaticRatioLeastRequest,
+    Balancer::Ratio,
+    Balancer::RatioLeastRequest,
+    Balancer::Epp,
+    Balancer::EppActive,
 ];
 
 impl Balancer {
@@ -67,6 +98,9 @@ impl Balancer {
             Balancer::RatioLeastRequest => "ratio-least-request",
             Balancer::RatioP2c => "ratio-p2c",
             Balancer::Epp => "epp",
+            Balancer::EppActive => "epp-active",
+            Balancer::StaticRatio => "static-ratio",
+            Balancer::StaticRatioLeastRequest => "static-ratio-least-request",
         }
     }
 
@@ -84,15 +118,36 @@ impl Balancer {
         matches!(self, Balancer::Ratio | Balancer::RatioLeastRequest | Balancer::RatioP2c)
     }
 
+    /// Whether this balancer holds fixed capacity-proportional weights.
+    pub fn uses_static_weights(self) -> bool {
+        matches!(self, Balancer::StaticRatio | Balancer::StaticRatioLeastRequest)
+    }
+
+    /// Whether this balancer reads the servers' gauges (an endpoint picker).
+    pub fn is_epp(self) -> bool {
+        matches!(self, Balancer::Epp | Balancer::EppActive)
+    }
+
+    /// The LB algorithm the controller's ratios feed, as a policy knows it: `round-robin` for
+    /// weighted round robin, `least-connections` for the weighted least-request family.
+    pub fn weight_mode(self) -> &'static str {
+        match self {
+            Balancer::Ratio | Balancer::StaticRatio => "round-robin",
+            _ => "least-connections",
+        }
+    }
+
     fn algorithm(self) -> Option<Algorithm> {
         Some(match self {
             Balancer::RoundRobin => Algorithm::RoundRobin,
             Balancer::Random => Algorithm::Random,
             Balancer::LeastRequest => Algorithm::LeastRequest,
-            Balancer::Ratio => Algorithm::WeightedRoundRobin,
-            Balancer::RatioLeastRequest => Algorithm::WeightedLeastRequest,
+            Balancer::Ratio | Balancer::StaticRatio => Algorithm::WeightedRoundRobin,
+            Balancer::RatioLeastRequest | Balancer::StaticRatioLeastRequest => {
+                Algorithm::WeightedLeastRequest
+            }
             Balancer::RatioP2c => Algorithm::WeightedLeastRequestP2c,
-            Balancer::Epp => return None,
+            Balancer::Epp | Balancer::EppActive => return None,
         })
     }
 }
@@ -107,6 +162,8 @@ pub struct EppView {
 /// Weights of the two scorers in the Inference Extension's default profile.
 const EPP_QUEUE_WEIGHT: f64 = 2.0;
 const EPP_KV_WEIGHT: f64 = 2.0;
+/// Weight of llm-d's active-request scorer in `epp-active` (same as the others).
+const EPP_ACTIVE_WEIGHT: f64 = 2.0;
 
 /// A balancer's state during one run.
 pub struct Lb {
@@ -146,7 +203,7 @@ impl Lb {
     /// Choose a replica for a new request and count it in flight there.
     pub fn pick(&mut self) -> usize {
         let i = match self.kind {
-            Balancer::Epp => self.pick_epp(),
+            Balancer::Epp | Balancer::EppActive => self.pick_epp(),
             _ => self.picker.pick(|_| true).unwrap_or(0),
         };
         self.picker.started(i);
@@ -164,11 +221,20 @@ impl Lb {
     fn pick_epp(&mut self) -> usize {
         let (lo, hi) =
             self.epp.iter().fold((u32::MAX, 0), |(lo, hi), v| (lo.min(v.waiting), hi.max(v.waiting)));
+        let active = self.kind == Balancer::EppActive;
+        let n = self.epp.len();
+        let (alo, ahi) =
+            (0..n).fold((u32::MAX, 0), |(lo, hi), i| (lo.min(self.in_flight(i)), hi.max(self.in_flight(i))));
         let mut best = f64::NEG_INFINITY;
         self.ties.clear();
         for (i, v) in self.epp.iter().enumerate() {
             let queue = if hi == lo { 1.0 } else { (hi - v.waiting) as f64 / (hi - lo) as f64 };
-            let score = EPP_QUEUE_WEIGHT * queue + EPP_KV_WEIGHT * (1.0 - v.kv_usage);
+            let mut score = EPP_QUEUE_WEIGHT * queue + EPP_KV_WEIGHT * (1.0 - v.kv_usage);
+            if active {
+                let a = self.picker.in_flight(i);
+                let own = if ahi == alo { 1.0 } else { (ahi - a) as f64 / (ahi - alo) as f64 };
+                score += EPP_ACTIVE_WEIGHT * own;
+            }
             if score > best + 1e-12 {
                 best = score;
                 self.ties.clear();
@@ -210,6 +276,37 @@ mod tests {
             assert_eq!(lb.pick(), 2);
         }
         assert_eq!(lb.in_flight(2), 5);
+    }
+
+    #[test]
+    fn epp_active_counts_its_own_picks_and_spreads_them() {
+        let mut lb = Lb::new(Balancer::EppActive, 3, 1);
+        lb.epp = vec![EppView { waiting: 0, kv_usage: 0.3 }; 3];
+        let mut c = [0; 3];
+        for _ in 0..30 {
+            c[lb.pick()] += 1;
+        }
+        // Same stale view for all 30 picks, yet its own in-flight count spreads them evenly.
+        assert_eq!(c, [10, 10, 10]);
+        let mut herd = Lb::new(Balancer::Epp, 3, 1);
+        herd.epp = vec![
+            EppView { waiting: 0, kv_usage: 0.3 },
+            EppView { waiting: 0, kv_usage: 0.2 },
+            EppView { waiting: 0, kv_usage: 0.3 },
+        ];
+        assert!((0..30).all(|_| herd.pick() == 1), "epp herds onto the best-looking replica");
+    }
+
+    #[test]
+    fn static_balancers_are_not_driven_by_the_controller() {
+        for b in [Balancer::StaticRatio, Balancer::StaticRatioLeastRequest] {
+            assert!(b.uses_static_weights() && !b.uses_ratios(), "{b:?}");
+        }
+        assert_eq!(Balancer::StaticRatio.weight_mode(), "round-robin");
+        assert_eq!(Balancer::RatioLeastRequest.weight_mode(), "least-connections");
+        for name in ["epp-active", "static-ratio", "static-ratio-least-request", "epp"] {
+            assert!(ALL.iter().any(|b| b.name() == name), "{name} in --balancers all");
+        }
     }
 
     #[test]

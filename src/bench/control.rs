@@ -27,7 +27,7 @@ pub struct Observation {
 /// The controller's settings for one run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ControlSpec {
-    /// Policy name (`feedback`, `headroom`) and `KEY=VALUE` parameters, as in the config file.
+    /// Policy name (`capacity`, `feedback`, `headroom`) and `KEY=VALUE` parameters, as in the config file.
     pub policy: String,
     pub policy_params: Vec<String>,
     pub ratio_min: u32,
@@ -37,6 +37,10 @@ pub struct ControlSpec {
     pub stale_after_s: f64,
     pub grace_s: f64,
     pub replicas: usize,
+    /// What the ratios feed: `round-robin` (weighted round robin) or `least-connections` (the
+    /// weighted least-request family). A policy that cares (`capacity`'s `mode`) takes it from here
+    /// unless the parameters set it; empty when unknown.
+    pub lb_mode: String,
 }
 
 impl ControlSpec {

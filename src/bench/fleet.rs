@@ -12,8 +12,11 @@
 //!   (Prometheus: `rate(sum[1m]) / rate(count[1m])`, the first and last scrape inside the minute;
 //!   direct scrape: since the previous cycle), and absent when no request finished in it;
 //! - `Push`: one control cycle: the controller's own cycle ([`super::control`]) on the recorded
-//!   samples, and the balancer gets the ratios at once;
-//! - `EppRefresh`: the endpoint picker copies every replica's gauges (every 50 ms);
+//!   samples; the ratios reach the balancer after the LB kind's delay ([`LbKind`]);
+//! - `Apply`: pushed ratios take effect in every balancer instance;
+//! - `EppRefresh`: `epp` copies every replica's gauges at once (every 50 ms); `EppRefreshOne(r)`:
+//!   `epp-active` copies replica `r`'s, each replica on its own phase;
+//! - `External(r)`: a request reaches replica `r` without passing this LB (`shared-backends`);
 //! - `Tick`: once a second, spreads across replicas are sampled (and recorded for plots);
 //! - `Speed(r)`: a scenario event (a replica slows down).
 //!
@@ -22,7 +25,10 @@
 //! client and counted as rejected. Its TTFT counts as the timeout (a censored value: a p99 equal to
 //! the timeout means more than 1% gave up).
 //!
-//! Statistics cover requests that arrive inside the measured window `[warmup, duration)`; tokens/s
+//! With `--lb-instances K` the traffic is split at random over K balancer instances of the same kind;
+//! each counts only the requests it sent itself, and the controller's ratios go to all of them.
+//!
+//! Statistics cover requests of this LB that arrive inside the measured window `[warmup, duration)`; tokens/s
 //! counts tokens produced inside it. After the last arrival the run continues until every request
 //! is finished or has given up.
 
@@ -38,7 +44,7 @@ use super::balancer::{Balancer, EppView, Lb};
 use super::control::{Control, ControlSpec, Controller, Observation};
 use super::scenario::{replica_profile, Scenario};
 use super::stats::{percentile, sort, LogHistogram, Spread};
-use super::workload::{Arrivals, Lengths};
+use super::workload::{Arrivals, Lengths, RateShape};
 use llm_lc_sim::engine::{Engine, EngineEvent, EngineRequest, EngineStats};
 use llm_lc_sim::profile::ModelProfile;
 
@@ -59,6 +65,55 @@ pub struct Signals {
     /// Window of the mean processing time: Prometheus' `rate_window` (60 s), or one cycle for a
     /// direct scrape.
     pub latency_window_s: f64,
+    /// Which LB receives the ratios: how long until a push takes effect.
+    pub lb_kind: LbKind,
+}
+
+/// The load balancer kind the ratios are pushed to, for the delay before they take effect. The
+/// figures are estimates of the path, not measurements of a particular installation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LbKind {
+    /// The reference proxy via the webhook sink: one local HTTP call, effectively at once.
+    Proxy,
+    /// HAProxy runtime API: one socket connection with chained `set server` commands (~50 ms).
+    Haproxy,
+    /// Envoy REST EDS with `refresh_delay: 1s`: the new assignment is served on Envoy's next poll.
+    Envoy,
+    /// BIG-IP iControl REST: login/transaction (~0.6 s) plus a PATCH per changed member (~0.2 s).
+    F5,
+}
+
+impl LbKind {
+    pub const NAMES: &'static [&'static str] = &["proxy", "haproxy", "envoy", "f5"];
+
+    pub fn parse(s: &str) -> Result<LbKind, String> {
+        Ok(match s {
+            "proxy" => LbKind::Proxy,
+            "haproxy" => LbKind::Haproxy,
+            "envoy" => LbKind::Envoy,
+            "f5" => LbKind::F5,
+            other => return Err(format!("unknown --lb-kind {other:?}; use {}", LbKind::NAMES.join(", "))),
+        })
+    }
+
+    /// Envoy's EDS poll interval.
+    const ENVOY_REFRESH_S: f64 = 1.0;
+
+    /// When ratios pushed at `now` changing `changed` members take effect; `phase` places Envoy's
+    /// polls inside their interval.
+    pub fn apply_at(self, now: f64, changed: usize, phase: f64) -> f64 {
+        match self {
+            LbKind::Proxy => now,
+            LbKind::Haproxy => now + 0.05,
+            LbKind::Envoy => {
+                let p = Self::ENVOY_REFRESH_S;
+                let k = ((now - phase) / p).floor() + 1.0;
+                (phase + k * p).max(now)
+            }
+            LbKind::F5 => now + 0.6 + 0.2 * changed as f64,
+        }
+    }
 }
 
 impl Signals {
@@ -71,6 +126,7 @@ impl Signals {
             stale_after_s: 60.0,
             grace_s: 30.0,
             latency_window_s: 60.0,
+            lb_kind: LbKind::Proxy,
         }
     }
 
@@ -95,6 +151,12 @@ pub struct RunSpec {
     pub seed: u64,
     /// Keep per-second per-replica series for plots.
     pub record_series: bool,
+    /// Weights of the `static-*` balancers: proportional to each replica's calibrated capacity.
+    pub static_weights: Vec<u32>,
+    /// Requests/s reaching each replica from outside this LB.
+    pub external_rps: Vec<f64>,
+    /// Independent balancer instances sharing the traffic (each counts only its own requests).
+    pub lb_instances: usize,
 }
 
 /// One balancer's numbers over the measured window.
@@ -155,6 +217,9 @@ enum Ev {
     Scrape(u32),
     Push,
     EppRefresh,
+    EppRefreshOne(u32),
+    Apply,
+    External(u32),
     Tick,
     Speed(u32, f64),
 }
@@ -192,7 +257,11 @@ struct Req {
     measured: bool,
     scheduled: bool,
     live: bool,
+    /// Which balancer instance sent it; `EXTERNAL` for traffic from outside this LB.
+    lb: u16,
 }
+
+const EXTERNAL: u16 = u16::MAX;
 
 struct Replica {
     engine: Engine,
@@ -219,9 +288,16 @@ struct Sim<'a> {
     free: Vec<u32>,
     serial: u64,
     in_flight: u64,
-    lb: Lb,
+    lbs: Vec<Lb>,
+    lb_rng: ChaCha8Rng,
+    /// Pushed weights waiting to take effect, in push order.
+    pending_weights: VecDeque<Vec<u32>>,
+    envoy_phase: f64,
     control: Option<Box<dyn Control>>,
     arrivals: Arrivals,
+    /// Traffic from outside this LB: per replica, its arrivals and their generator.
+    external: Vec<(Arrivals, ChaCha8Rng)>,
+    external_lengths: ChaCha8Rng,
     arrival_rng: ChaCha8Rng,
     length_rng: ChaCha8Rng,
     lengths: Lengths,
@@ -291,11 +367,34 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
     } else {
         None
     };
-    let mut lb = Lb::new(spec.balancer, n, spec.seed ^ 0x1b);
-    if spec.balancer.uses_ratios() {
-        // Before the first push every member has the same ratio, as a freshly configured pool.
-        lb.set_weights(&vec![spec.control.initial_ratio(); n]);
+    let instances = spec.lb_instances.clamp(1, usize::from(EXTERNAL) - 1);
+    let mut lbs = Vec::with_capacity(instances);
+    for k in 0..instances {
+        // Instance 0 keeps the single balancer's seed, so `--lb-instances 1` is the plain run.
+        let mut lb = Lb::new(spec.balancer, n, (spec.seed ^ 0x1b).wrapping_add(k as u64 * 0x9e37));
+        if spec.balancer.uses_ratios() {
+            // Before the first push every member has the same ratio, as a freshly configured pool.
+            lb.set_weights(&vec![spec.control.initial_ratio(); n]);
+        }
+        if spec.balancer.uses_static_weights() {
+            if spec.static_weights.len() != n {
+                return Err("static weights need one weight per replica".into());
+            }
+            lb.set_weights(&spec.static_weights);
+        }
+        lbs.push(lb);
     }
+    if !spec.external_rps.is_empty() && spec.external_rps.len() != n {
+        return Err("external traffic needs one rate per replica".into());
+    }
+    let external = spec
+        .external_rps
+        .iter()
+        .enumerate()
+        .map(|(r, &rps)| {
+            (Arrivals::new(rps.max(0.0), RateShape::Constant), stream(spec.seed, 100 + r as u64))
+        })
+        .collect();
     let mut sim = Sim {
         spec,
         now: 0.0,
@@ -307,9 +406,14 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
         free: Vec::new(),
         serial: 0,
         in_flight: 0,
-        lb,
+        lbs,
+        lb_rng: stream(spec.seed, 5),
+        pending_weights: VecDeque::new(),
+        envoy_phase: stream(spec.seed, 6).gen_range(0.0..1.0),
         control,
         arrivals: Arrivals::new(spec.arrival_rps, sc.shape),
+        external,
+        external_lengths: stream(spec.seed, 7),
         arrival_rng: stream(spec.seed, 1),
         length_rng: stream(spec.seed, 2),
         lengths: Lengths::new(sc.mix, spec.profile.max_model_len),
@@ -371,6 +475,22 @@ impl Sim<'_> {
         if spec.balancer == Balancer::Epp {
             self.at(0.0, Ev::EppRefresh);
         }
+        if spec.balancer == Balancer::EppActive {
+            // Each replica's metrics on their own timer, at an independent phase.
+            let mut phase_rng = stream(spec.seed, 4);
+            for r in 0..self.reps.len() {
+                let phase = phase_rng.gen_range(0.0..sig.epp_refresh_s);
+                self.at(phase, Ev::EppRefreshOne(r as u32));
+            }
+        }
+        for r in 0..self.external.len() {
+            let (arrivals, rng) = &mut self.external[r];
+            if let Some(t) = arrivals.next(rng) {
+                if t < spec.scenario.duration_s {
+                    self.at(t, Ev::External(r as u32));
+                }
+            }
+        }
         self.at(0.0, Ev::Tick);
         for c in &spec.scenario.speed_changes {
             if c.replica < self.reps.len() {
@@ -417,13 +537,23 @@ impl Sim<'_> {
                 }
                 Ev::Push => self.push(),
                 Ev::EppRefresh => {
-                    for (v, rep) in self.lb.epp.iter_mut().zip(&self.reps) {
-                        let s = rep.engine.stats();
-                        *v = EppView { waiting: s.waiting, kv_usage: s.kv_usage };
+                    for r in 0..self.reps.len() {
+                        self.refresh_epp(r);
                     }
                     let t = self.now + self.spec.signals.epp_refresh_s;
                     self.at(t, Ev::EppRefresh);
                 }
+                Ev::EppRefreshOne(r) => {
+                    self.refresh_epp(r as usize);
+                    let t = self.now + self.spec.signals.epp_refresh_s;
+                    self.at(t, Ev::EppRefreshOne(r));
+                }
+                Ev::Apply => {
+                    if let Some(w) = self.pending_weights.pop_front() {
+                        self.apply_weights(&w);
+                    }
+                }
+                Ev::External(r) => self.external_arrival(r as usize),
                 Ev::Tick => self.tick(),
                 Ev::Speed(r, s) => self.reps[r as usize].engine.set_speed(s),
             }
@@ -432,10 +562,44 @@ impl Sim<'_> {
         self.rejected += self.reqs.iter().filter(|q| q.live && q.measured).count() as u64;
     }
 
-    fn arrival(&mut self) {
-        let spec = self.spec;
-        let (prompt, output) = self.lengths.sample(&mut self.length_rng);
-        let r = self.lb.pick();
+    fn refresh_epp(&mut self, r: usize) {
+        let s = self.reps[r].engine.stats();
+        for lb in &mut self.lbs {
+            lb.epp[r] = EppView { waiting: s.waiting, kv_usage: s.kv_usage };
+        }
+    }
+
+    fn apply_weights(&mut self, w: &[u32]) {
+        if self.lbs.first().is_some_and(|lb| lb.weights() != w) {
+            self.weight_updates += 1;
+        }
+        for lb in &mut self.lbs {
+            lb.set_weights(w);
+        }
+    }
+
+    /// A request from outside this LB: not measured, not counted by any balancer instance.
+    fn external_arrival(&mut self, r: usize) {
+        let (prompt, output) = self.lengths.sample(&mut self.external_lengths);
+        let id = self.new_req(r, EXTERNAL, false);
+        self.in_flight += 1;
+        match self.reps[r].engine.add_request(EngineRequest::new(u64::from(id), prompt, output)) {
+            Ok(()) => {
+                let serial = self.reqs[id as usize].serial;
+                self.timeouts.push_back((self.now + self.spec.timeout_s, id, serial));
+                self.start_step(r);
+            }
+            Err(_) => self.release(id, r, true),
+        }
+        let (arrivals, rng) = &mut self.external[r];
+        if let Some(t) = arrivals.next(rng) {
+            if t < self.spec.scenario.duration_s {
+                self.at(t, Ev::External(r as u32));
+            }
+        }
+    }
+
+    fn new_req(&mut self, r: usize, lb: u16, measured: bool) -> u32 {
         let id = match self.free.pop() {
             Some(id) => id,
             None => {
@@ -444,7 +608,6 @@ impl Sim<'_> {
             }
         };
         self.serial += 1;
-        let measured = self.in_window(self.now);
         self.reqs[id as usize] = Req {
             serial: self.serial,
             arrival: self.now,
@@ -453,7 +616,18 @@ impl Sim<'_> {
             measured,
             scheduled: false,
             live: true,
+            lb,
         };
+        id
+    }
+
+    fn arrival(&mut self) {
+        let spec = self.spec;
+        let (prompt, output) = self.lengths.sample(&mut self.length_rng);
+        let k = if self.lbs.len() > 1 { self.lb_rng.gen_range(0..self.lbs.len()) } else { 0 };
+        let r = self.lbs[k].pick();
+        let measured = self.in_window(self.now);
+        let id = self.new_req(r, k as u16, measured);
         if measured {
             self.dispatched[r] += 1;
         }
@@ -546,9 +720,12 @@ impl Sim<'_> {
             self.ttft.push(self.spec.timeout_s as f32);
         }
         q.live = false;
+        let lb = q.lb;
         self.free.push(id);
         self.in_flight -= 1;
-        self.lb.finished(r);
+        if let Some(lb) = self.lbs.get_mut(usize::from(lb)) {
+            lb.finished(r);
+        }
     }
 
     fn timeout(&mut self, id: u32, serial: u64) {
@@ -593,13 +770,23 @@ impl Sim<'_> {
             })
             .collect();
         if self.window_weights.is_none() && now >= self.spec.scenario.duration_s {
-            self.window_weights = Some(self.lb.weights());
+            self.window_weights = self.lbs.first().map(|lb| lb.weights());
         }
         // The controller's cycle decides; when it holds (fail-static), the balancer keeps its weights.
-        if let Some(w) = control.cycle(now, &observations) {
-            if w != self.lb.weights() {
-                self.lb.set_weights(&w);
-                self.weight_updates += 1;
+        let decided = control.cycle(now, &observations);
+        if let Some(w) = decided {
+            // Compared with what the LB will hold once earlier pushes land.
+            let current =
+                self.pending_weights.back().cloned().or_else(|| self.lbs.first().map(|lb| lb.weights()));
+            let changed = current.map_or(w.len(), |c| c.iter().zip(&w).filter(|(a, b)| a != b).count());
+            if changed > 0 {
+                let at = self.spec.signals.lb_kind.apply_at(now, changed, self.envoy_phase);
+                if at <= now {
+                    self.apply_weights(&w);
+                } else {
+                    self.pending_weights.push_back(w.clone());
+                    self.at(at, Ev::Apply);
+                }
             }
             if let Some(s) = self.series.as_mut() {
                 s.weight_t.push(now as f32);
@@ -652,8 +839,11 @@ impl Sim<'_> {
             mean_kv_usage: if self.kv_n == 0 { 0.0 } else { self.kv_sum / self.kv_n as f64 },
             preemptions: self.reps.iter().map(|r| r.engine.stats().num_preemptions).sum(),
             weight_updates: self.weight_updates,
-            final_weights: if self.spec.balancer.uses_ratios() {
-                self.window_weights.clone().unwrap_or_else(|| self.lb.weights())
+            final_weights: if self.spec.balancer.uses_ratios() || self.spec.balancer.uses_static_weights() {
+                self.window_weights
+                    .clone()
+                    .or_else(|| self.lbs.first().map(|lb| lb.weights()))
+                    .unwrap_or_default()
             } else {
                 vec![]
             },
@@ -664,5 +854,22 @@ impl Sim<'_> {
                 .collect(),
         };
         RunOutcome { result, ttft_sorted: self.ttft, series: self.series, events: self.events, wall_s: 0.0 }
+    }
+}
+
+#[cfg(test)]
+mod lb_kind_tests {
+    use super::LbKind;
+
+    #[test]
+    fn weights_take_effect_after_the_lb_kinds_delay() {
+        assert_eq!(LbKind::Proxy.apply_at(10.0, 6, 0.3), 10.0);
+        assert!((LbKind::Haproxy.apply_at(10.0, 6, 0.3) - 10.05).abs() < 1e-9);
+        // Envoy serves the new assignment on its next EDS poll (every second, at phase 0.3).
+        assert!((LbKind::Envoy.apply_at(10.0, 6, 0.3) - 10.3).abs() < 1e-9);
+        assert!((LbKind::Envoy.apply_at(10.5, 6, 0.3) - 11.3).abs() < 1e-9);
+        // BIG-IP: more changed members, more PATCH calls.
+        assert!(LbKind::F5.apply_at(10.0, 6, 0.0) > LbKind::F5.apply_at(10.0, 1, 0.0));
+        assert!(LbKind::parse("nginx").unwrap_err().contains("envoy"));
     }
 }

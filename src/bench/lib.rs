@@ -10,7 +10,8 @@
 //! - [`workload`]: request sizes (ShareGPT-like, long-context mix) and Poisson arrivals with spikes
 //!   and ramps; [`scenario`]: the named fleets and events; [`capacity`]: what 100% load is.
 //! - [`balancer`]: the balancers compared; [`fleet`]: the discrete-event simulation of one run.
-//! - [`stats`]: percentiles and spreads; [`report`]: tables and JSON; [`plot`]: SVG pictures.
+//! - [`stats`]: percentiles and spreads; [`report`]: tables and JSON; [`plot`]: SVG pictures;
+//!   [`goals`]: the goals grid (`--sweep --goals`), medians and ranges over seeds.
 //! - [`control`]: the controller in the loop, handed in by the controller's binary.
 //!
 //! Evidence and the defaults chosen from it: `src/bench/RESULTS.md`.
@@ -19,6 +20,7 @@ pub mod balancer;
 pub mod capacity;
 pub mod control;
 pub mod fleet;
+pub mod goals;
 pub mod plot;
 pub mod report;
 pub mod scenario;
@@ -34,30 +36,39 @@ use serde::Serialize;
 
 use balancer::Balancer;
 use control::{ControlSpec, Controller};
-use fleet::{BalancerResult, RunOutcome, RunSpec, Signals};
+use fleet::{BalancerResult, LbKind, RunOutcome, RunSpec, Signals};
 use llm_lc_sim::profile::ModelProfile;
 
 /// Arguments of `llm-load-controller bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Scenario: homogeneous, heterogeneous, degraded, spike, long-context, ramp, large.
+    /// Scenario: homogeneous, heterogeneous, degraded, spike, long-context, ramp, mixed-memory,
+    /// tp-mixed, mem-only, slow-drift, shared-backends, large.
     #[arg(long, default_value = "heterogeneous")]
     pub scenario: String,
     /// Offered load as a fraction of the fleet's capacity (see src/bench/capacity.rs).
     #[arg(long, default_value_t = 0.85)]
     pub load: f64,
-    /// Balancers to compare, comma-separated, or `all` (adds ratio-p2c).
-    /// Default: round-robin,random,least-request,ratio,ratio-least-request,epp.
+    /// Balancers to compare, comma-separated, or `all` (adds ratio-p2c, epp-active, static-ratio,
+    /// static-ratio-least-request). Default: round-robin,random,least-request,ratio,
+    /// ratio-least-request,epp (with --goals: the goals set).
     #[arg(long, value_delimiter = ',')]
     pub balancers: Vec<String>,
-    /// The controller's policy: feedback or headroom.
-    #[arg(long, default_value = "feedback")]
+    /// The controller's policy: capacity, feedback or headroom.
+    #[arg(long, default_value = "capacity")]
     pub policy: String,
     /// Policy parameter override, KEY=VALUE, repeatable (e.g. --policy-param gain=0.3).
     #[arg(long = "policy-param", value_name = "KEY=VALUE")]
     pub policy_params: Vec<String>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Seeds of a sweep, comma-separated (default: --seed); a range such as 4-8 is accepted.
+    #[arg(long, value_delimiter = ',')]
+    pub seeds: Vec<String>,
+    /// With --sweep: run the goals grid (every grid scenario at 85%, tp-mixed at 95%, mixed-memory
+    /// with 32 LB instances) and print the goals table (medians and ranges over --seeds).
+    #[arg(long)]
+    pub goals: bool,
     /// text (table), json, or markdown.
     #[arg(long, default_value = "text")]
     pub output: String,
@@ -102,7 +113,15 @@ pub struct Knobs {
     /// How often the controller computes and pushes ratios.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub push_interval: Duration,
-    /// How often the epp balancer refreshes its metrics.
+    /// Independent balancer instances sharing the traffic, each counting only its own requests
+    /// (several proxies or LB nodes in front of one fleet); the controller's ratios go to all.
+    #[arg(long, default_value_t = 1)]
+    pub lb_instances: usize,
+    /// The LB the ratios are pushed to, for the delay before they take effect: proxy (at once),
+    /// haproxy (~50 ms), envoy (next 1 s EDS poll), f5 (~0.6 s + 0.2 s per changed member).
+    #[arg(long, default_value = "proxy")]
+    pub lb_kind: String,
+    /// How often the epp balancers refresh their metrics.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     pub epp_refresh: Duration,
     /// Clients give up on a request not scheduled within this long (counted as rejected).
@@ -147,14 +166,21 @@ pub struct ScenarioReport {
     pub warmup_s: f64,
     pub seed: u64,
     pub signals: Signals,
+    /// Balancer instances, each counting only its own requests.
+    pub lb_instances: usize,
     /// Clients give up on a request not scheduled within this long.
     pub timeout_s: f64,
-    /// Saturation throughput of each replica for this mix, requests/s (speed and KV included).
+    /// Saturation throughput of each replica for this mix, requests/s (speed and KV included), at
+    /// the speeds 100% load is computed on.
     pub replica_capacity_rps: Vec<f64>,
     /// Their sum: what 100% load is.
     pub capacity_rps: f64,
-    /// Base arrival rate: load x capacity.
+    /// Requests/s reaching each replica from outside this LB (`shared-backends`).
+    pub external_rps: Vec<f64>,
+    /// Arrival rate through this LB: load x capacity minus the external traffic.
     pub arrival_rps: f64,
+    /// Weights of the `static-*` balancers: capacity at the start, largest = --ratio-max.
+    pub static_weights: Vec<u32>,
     pub results: Vec<BalancerResult>,
 }
 
@@ -180,6 +206,7 @@ pub struct Settings {
     pub seed: u64,
     pub jobs: usize,
     pub record_series: bool,
+    pub lb_instances: usize,
 }
 
 impl Settings {
@@ -204,6 +231,10 @@ impl Settings {
             signals.scrape_interval_s = s.as_secs_f64();
         }
         signals.push_interval_s = a.push_interval.as_secs_f64();
+        signals.lb_kind = LbKind::parse(&a.lb_kind).map_err(anyhow::Error::msg)?;
+        if a.lb_instances == 0 || a.lb_instances > 10_000 {
+            bail!("--lb-instances must be between 1 and 10000, got {}", a.lb_instances);
+        }
         signals.epp_refresh_s = a.epp_refresh.as_secs_f64();
         for (name, v) in [
             ("--scrape-interval", signals.scrape_interval_s),
@@ -226,6 +257,7 @@ impl Settings {
             stale_after_s: signals.stale_after_s,
             grace_s: signals.grace_s,
             replicas: 0,
+            lb_mode: String::new(),
         };
         controller.0.check(&control).map_err(anyhow::Error::msg)?;
         Ok(Settings {
@@ -241,6 +273,7 @@ impl Settings {
             seed: args.seed,
             jobs: args.jobs.max(1),
             record_series: args.plot.is_some(),
+            lb_instances: a.lb_instances,
         })
     }
 }
@@ -270,12 +303,20 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
     let sc = scenario::build(name, settings.replicas, settings.duration_s, settings.warmup_s)
         .map_err(anyhow::Error::msg)?;
     let mut per_replica = Vec::with_capacity(sc.speeds.len());
-    for (&speed, &kv) in sc.speeds.iter().zip(&sc.kv_scale) {
+    let mut at_start = Vec::with_capacity(sc.speeds.len());
+    for ((&speed, &rate_speed), &kv) in sc.speeds.iter().zip(&sc.rate_speeds).zip(&sc.kv_scale) {
         let p = scenario::replica_profile(&settings.profile, kv);
-        per_replica.push(speed * capacity::replica_rps(&p, sc.mix).map_err(anyhow::Error::msg)?);
+        let one = capacity::replica_rps(&p, sc.mix).map_err(anyhow::Error::msg)?;
+        per_replica.push(rate_speed * one);
+        at_start.push(speed * one);
     }
     let capacity_rps: f64 = per_replica.iter().sum();
-    let arrival_rps = load * capacity_rps;
+    let external_rps: Vec<f64> = per_replica.iter().zip(&sc.external).map(|(c, e)| c * e).collect();
+    let arrival_rps = load * capacity_rps - external_rps.iter().sum::<f64>();
+    if arrival_rps <= 0.0 {
+        bail!("--load {load} leaves nothing for this LB: the external traffic alone is more");
+    }
+    let static_weights = static_weights(&at_start, settings.control.ratio_min, settings.control.ratio_max);
     let specs: Vec<RunSpec> = settings
         .balancers
         .iter()
@@ -285,11 +326,18 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
             arrival_rps,
             balancer: b,
             controller: settings.controller.clone(),
-            control: ControlSpec { replicas: sc.speeds.len(), ..settings.control.clone() },
+            control: ControlSpec {
+                replicas: sc.speeds.len(),
+                lb_mode: b.weight_mode().to_string(),
+                ..settings.control.clone()
+            },
             signals: settings.signals,
             timeout_s: settings.timeout_s,
             seed: settings.seed,
             record_series: settings.record_series,
+            static_weights: static_weights.clone(),
+            external_rps: external_rps.clone(),
+            lb_instances: settings.lb_instances,
         })
         .collect();
     let outcomes = run_all(&specs, settings.jobs)?;
@@ -306,13 +354,56 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
         warmup_s: sc.warmup_s,
         seed: settings.seed,
         signals: settings.signals,
+        lb_instances: settings.lb_instances,
         timeout_s: settings.timeout_s,
         replica_capacity_rps: per_replica,
         capacity_rps,
+        external_rps,
         arrival_rps,
+        static_weights,
         results: outcomes.iter().map(|o| o.result.clone()).collect(),
     };
     Ok(ScenarioRun { report, outcomes })
+}
+
+/// Fixed weights proportional to capacity, the largest at `max` (what an operator derives from a
+/// spec sheet or a calibration run), never below `min` or 1.
+pub fn static_weights(capacity: &[f64], min: u32, max: u32) -> Vec<u32> {
+    let top = capacity.iter().copied().fold(0.0, f64::max);
+    capacity
+        .iter()
+        .map(|&c| {
+            let w = if top > 0.0 { (f64::from(max) * c / top).round() } else { f64::from(max) };
+            (w as u32).clamp(min.max(1), max.max(1))
+        })
+        .collect()
+}
+
+/// `4-8` or `4` -> seeds.
+fn parse_seeds(list: &[String], default: u64) -> anyhow::Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for item in list {
+        let item = item.trim();
+        let parsed = match item.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u64, u64) = (a.trim().parse()?, b.trim().parse()?);
+                if b < a || b - a > 1000 {
+                    bail!("--seeds {item}: write a short ascending range such as 4-8");
+                }
+                (a..=b).collect()
+            }
+            None => vec![item.parse().with_context(|| format!("--seeds {item:?}: not a number"))?],
+        };
+        for s in parsed {
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push(default);
+    }
+    Ok(out)
 }
 
 /// Run specs on up to `jobs` threads; results come back in the order of `specs`.
@@ -354,18 +445,33 @@ pub fn run(args: BenchArgs, controller: Controller) -> anyhow::Result<()> {
         bail!("unknown --output {:?}; use text, json or markdown", args.output);
     }
     if args.sweep {
-        let names: Vec<String> = if args.scenarios.is_empty() {
-            scenario::GRID.iter().map(|s| s.to_string()).collect()
+        let seeds = parse_seeds(&args.seeds, args.seed)?;
+        let mut settings = settings;
+        // (scenario, load, LB instances) points of the sweep.
+        let points: Vec<(String, f64, usize)> = if args.goals {
+            if args.balancers.is_empty() {
+                settings.balancers = balancer::GOALS_SET.to_vec();
+            }
+            goals::points(&args.scenarios)
         } else {
-            args.scenarios.clone()
+            let names: Vec<String> = if args.scenarios.is_empty() {
+                scenario::GRID.iter().map(|s| s.to_string()).collect()
+            } else {
+                args.scenarios.clone()
+            };
+            names
+                .iter()
+                .flat_map(|n| args.loads.iter().map(move |&l| (n.clone(), l, settings.lb_instances)))
+                .collect()
         };
         let mut reports = Vec::new();
         let started = std::time::Instant::now();
-        for name in &names {
-            for &load in &args.loads {
-                let r = run_scenario(name, load, &settings)?;
+        for &seed in &seeds {
+            for (name, load, instances) in &points {
+                let point = Settings { seed, lb_instances: *instances, ..settings.clone() };
+                let r = run_scenario(name, *load, &point)?;
                 eprintln!(
-                    "{name} at {:.0}%: {:.1} s wall ({} runs)",
+                    "{name} at {:.0}%, {instances} LB, seed {seed}: {:.1} s wall ({} runs)",
                     load * 100.0,
                     r.outcomes.iter().map(|o| o.wall_s).sum::<f64>(),
                     r.outcomes.len()
@@ -379,6 +485,7 @@ pub fn run(args: BenchArgs, controller: Controller) -> anyhow::Result<()> {
         eprintln!("sweep: {:.1} s wall", started.elapsed().as_secs_f64());
         match args.output.as_str() {
             "json" => println!("{}", serde_json::to_string_pretty(&reports)?),
+            _ if args.goals => print!("{}", goals::markdown(&reports)),
             _ => print!("{}", report::sweep_markdown(&reports)),
         }
         return Ok(());

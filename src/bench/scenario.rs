@@ -14,6 +14,25 @@
 //! | `ramp` | heterogeneous fleet | load rises from 30% to 100% of `--load` over the first half |
 //! | `mixed-memory` | 6 replicas, 2 like A100-40GB next to H100-80GB: half speed *and* a third of the KV cache | long-context mix |
 //! | `large` | 24 replicas, a third at half speed | steady, one hour by default |
+//! | `tp-mixed` | 6 replicas, 2 tensor-parallel-2 (two GPUs each): 1.7x speed, 2.35x KV | long-context mix |
+//! | `mem-only` | 6 replicas of equal speed, 2 with a third of the KV cache | long-context mix |
+//! | `slow-drift` | 6 replicas; 0 and 3 slow down step by step to 0.4 over the first 60% of the window | steady |
+//! | `shared-backends` | 6 equal replicas; 0, 2 and 4 also serve traffic that does not pass this LB | steady |
+//!
+//! `tp-mixed`: tensor parallelism over two GPUs doubles the memory, and the KV cache gets everything
+//! the second copy of the weights does not take (2 x 80 GB x 0.9 - 16 GB weights - activations:
+//! ~2.35x one GPU's KV), while the speed-up is well below 2x (all-reduce per layer; ~1.7x is a common
+//! measurement for an 8B model). It is the fleet where equalizing KV usage overfeeds a replica whose
+//! memory grew more than its speed.
+//!
+//! `slow-drift`: throttling, a noisy neighbour or a growing share of long requests make replicas
+//! slower over minutes. 100% load is computed on the speeds the fleet ends with (otherwise the end of
+//! the run is overloaded whatever the balancer does); `static-ratio` weights stay at the start.
+//!
+//! `shared-backends`: another entry point, another cluster or batch clients send requests straight to
+//! some replicas (60%, 30% and 15% of replicas 0, 2 and 4's capacity). The servers' metrics show it,
+//! this LB's connection counts do not. `--load` is the whole fleet's utilization: this LB's traffic is
+//! the rest.
 //!
 //! `mixed-memory`'s smaller replicas: an A100-40GB at vLLM's `gpu_memory_utilization=0.9` has 36 GB,
 //! minus ~16 GB of Llama-3.1-8B weights and ~3 GB of activations, so ~17 GB of KV = ~130k tokens, a
@@ -27,10 +46,34 @@ use super::workload::{LengthMix, RateShape};
 use llm_lc_sim::profile::ModelProfile;
 
 /// Every scenario name, in the order the sweep runs them.
-pub const NAMES: &[&str] =
-    &["homogeneous", "heterogeneous", "degraded", "spike", "long-context", "ramp", "mixed-memory", "large"];
-/// The five scenarios of the evidence grid.
-pub const GRID: &[&str] = &["homogeneous", "heterogeneous", "degraded", "spike", "long-context"];
+pub const NAMES: &[&str] = &[
+    "homogeneous",
+    "heterogeneous",
+    "degraded",
+    "spike",
+    "long-context",
+    "ramp",
+    "mixed-memory",
+    "tp-mixed",
+    "mem-only",
+    "slow-drift",
+    "shared-backends",
+    "large",
+];
+/// The scenarios of the goals grid (`bench --sweep`): every 6-replica scenario.
+pub const GRID: &[&str] = &[
+    "homogeneous",
+    "heterogeneous",
+    "degraded",
+    "spike",
+    "long-context",
+    "ramp",
+    "mixed-memory",
+    "tp-mixed",
+    "mem-only",
+    "slow-drift",
+    "shared-backends",
+];
 
 /// One replica's speed changes to `speed` at `at_s`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -49,11 +92,22 @@ pub struct Scenario {
     /// Fraction of the profile's KV cache each replica has (1 = as profiled).
     pub kv_scale: Vec<f64>,
     pub speed_changes: Vec<SpeedChange>,
+    /// Speeds at which 100% load is computed (the start, except where the fleet drifts for good).
+    pub rate_speeds: Vec<f64>,
+    /// Traffic that reaches each replica without passing this LB, as a fraction of its capacity.
+    pub external: Vec<f64>,
     pub mix: LengthMix,
     pub shape: RateShape,
     pub duration_s: f64,
     pub warmup_s: f64,
 }
+
+/// A tensor-parallel-2 replica against one GPU (see the module docs).
+pub const TP2_SPEED: f64 = 1.7;
+pub const TP2_KV: f64 = 2.35;
+/// `slow-drift`: where the drifting replicas end, and how often their speed steps.
+pub const DRIFT_TO: f64 = 0.4;
+pub const DRIFT_STEP_S: f64 = 15.0;
 
 /// Default measured length of the grid scenarios; with the warm-up a run is 12 virtual minutes.
 pub const DEFAULT_DURATION_S: f64 = 720.0;
@@ -95,6 +149,8 @@ pub fn build(
         kv_scale: vec![1.0; n],
         speeds: equal,
         speed_changes: vec![],
+        rate_speeds: vec![],
+        external: vec![0.0; n],
         mix: LengthMix::Sharegpt,
         shape: RateShape::Constant,
         duration_s,
@@ -118,7 +174,39 @@ pub fn build(
             s.kv_scale = (0..n).map(|i| if i % 3 == 1 { 1.0 / 3.0 } else { 1.0 }).collect();
             s.mix = LengthMix::LongContext;
         }
+        "tp-mixed" => {
+            s.speeds = (0..n).map(|i| if i % 3 == 1 { TP2_SPEED } else { 1.0 }).collect();
+            s.kv_scale = (0..n).map(|i| if i % 3 == 1 { TP2_KV } else { 1.0 }).collect();
+            s.mix = LengthMix::LongContext;
+        }
+        "mem-only" => {
+            s.kv_scale = (0..n).map(|i| if i % 3 == 1 { 1.0 / 3.0 } else { 1.0 }).collect();
+            s.mix = LengthMix::LongContext;
+        }
+        "slow-drift" => {
+            // Steps of DRIFT_STEP_S from the end of the warm-up to 60% of the window.
+            let end = warmup_s + 0.6 * measured;
+            let steps = ((end - warmup_s) / DRIFT_STEP_S).floor().max(1.0) as usize;
+            for r in (0..n).filter(|r| r % 3 == 0) {
+                for k in 1..=steps {
+                    let f = k as f64 / steps as f64;
+                    let speed = 1.0 + f * (DRIFT_TO - 1.0);
+                    s.speed_changes.push(SpeedChange {
+                        at_s: warmup_s + k as f64 * DRIFT_STEP_S,
+                        replica: r,
+                        speed,
+                    });
+                }
+            }
+            s.rate_speeds = (0..n).map(|r| if r % 3 == 0 { DRIFT_TO } else { 1.0 }).collect();
+        }
+        "shared-backends" => {
+            s.external = (0..n).map(|i| [0.6, 0.0, 0.3, 0.0, 0.15, 0.0][i % 6]).collect();
+        }
         _ => unreachable!("checked above"),
+    }
+    if s.rate_speeds.is_empty() {
+        s.rate_speeds = s.speeds.clone();
     }
     Ok(s)
 }
@@ -168,5 +256,25 @@ mod tests {
         assert_eq!(small.num_gpu_blocks, 8333);
         small.validate().unwrap();
         assert_eq!(replica_profile(&base, 1.0), base);
+    }
+
+    #[test]
+    fn new_scenarios_have_the_fleets_they_claim() {
+        let tp = build("tp-mixed", None, None, None).unwrap();
+        assert_eq!((tp.speeds[1], tp.kv_scale[1], tp.speeds[0], tp.kv_scale[0]), (1.7, 2.35, 1.0, 1.0));
+        let mem = build("mem-only", None, None, None).unwrap();
+        assert!(mem.speeds.iter().all(|&v| v == 1.0));
+        assert_eq!(mem.kv_scale.iter().filter(|&&k| k < 0.34).count(), 2);
+        let drift = build("slow-drift", None, None, None).unwrap();
+        let last = drift.speed_changes.iter().rfind(|c| c.replica == 0).unwrap();
+        assert!((last.speed - DRIFT_TO).abs() < 1e-9 && last.at_s <= drift.warmup_s + 0.6 * 720.0);
+        // Monotone, gradual: no step bigger than a tenth of the way.
+        let r0: Vec<f64> = drift.speed_changes.iter().filter(|c| c.replica == 0).map(|c| c.speed).collect();
+        assert!(r0.windows(2).all(|w| w[1] < w[0] && w[0] - w[1] < 0.1), "{r0:?}");
+        assert_eq!(drift.rate_speeds[0], DRIFT_TO);
+        assert_eq!(drift.speeds[0], 1.0);
+        let shared = build("shared-backends", None, None, None).unwrap();
+        assert_eq!(shared.external, vec![0.6, 0.0, 0.3, 0.0, 0.15, 0.0]);
+        assert!(GRID.iter().all(|g| NAMES.contains(g)));
     }
 }

@@ -241,11 +241,11 @@ fn weights_in_proxy(proxy: &ProxyHandle, members: &[String]) -> Vec<u32> {
         .collect()
 }
 
-/// The real controller's config: direct scrape, feedback policy, ratios pushed to the proxy by the
+/// The real controller's config: direct scrape every second, capacity policy, ratios pushed to the proxy by the
 /// `webhook` sink, exactly as a deployment would.
 fn controller_config(members: &[String], webhook: &str) -> String {
     serde_json::json!({
-        "interval": "2s",
+        "interval": "1s",
         "listen": "127.0.0.1:0",
         "sources": {"direct": {"kind": "scrape", "timeout": "500ms"}},
         "pools": [{
@@ -254,9 +254,11 @@ fn controller_config(members: &[String], webhook: &str) -> String {
             "members": {"static": members},
             "stale_after": "6s",
             "grace": "4s",
-            // Behind round robin, load alone shows who is slow; processing time would count the slow
-            // GPU twice (latency_weight is for least-connections balancers, where it is the only sign).
-            "policy": {"kind": "feedback", "gain": 0.3, "smoothing": 0.4, "max_step": 0.2, "latency_weight": 0.0},
+            // The proxy runs weighted round robin, so the ratios must carry each replica's throughput
+            // capacity (`mode: round-robin`), and the backlog phase 1 left on the slow replica is
+            // what users feel: the capacity policy's delay factor keeps new requests off it while it
+            // drains, then gives its share back.
+            "policy": {"kind": "capacity", "mode": "round-robin"},
             "sink": {"kind": "webhook", "url": webhook},
         }],
     })

@@ -4,8 +4,9 @@
 //! [`PoolPolicy`] holds the rules every algorithm shares: what counts as stale, how long a member
 //! without fresh data keeps its ratio (the grace period) before it falls back to the pool mean, that a
 //! new member starts at the pool mean, and clamping to the configured range. The algorithms
-//! ([`headroom`], [`feedback`]) only see members with fresh samples.
+//! ([`capacity`], [`headroom`], [`feedback`]) only see members with fresh samples.
 
+pub mod capacity;
 pub mod feedback;
 pub mod headroom;
 #[cfg(test)]
@@ -28,11 +29,14 @@ pub enum PolicyConfig {
     Headroom(headroom::HeadroomParams),
     /// Integral: moves every ratio toward equal load across the pool each cycle.
     Feedback(feedback::FeedbackParams),
+    /// Capacity estimated from what each server runs and how fast, with feed-forward, corrected by
+    /// queueing delay and utilization.
+    Capacity(capacity::CapacityParams),
 }
 
 impl Default for PolicyConfig {
     fn default() -> Self {
-        PolicyConfig::Feedback(feedback::FeedbackParams::default())
+        PolicyConfig::Capacity(capacity::CapacityParams::default())
     }
 }
 
@@ -41,6 +45,16 @@ impl PolicyConfig {
         match self {
             PolicyConfig::Headroom(_) => "headroom",
             PolicyConfig::Feedback(_) => "feedback",
+            PolicyConfig::Capacity(_) => "capacity",
+        }
+    }
+
+    /// The queue and running-request norms loads are read with (for saturation and priority tiers).
+    pub fn norms(&self) -> (f64, f64) {
+        match self {
+            PolicyConfig::Headroom(h) => (h.queue_norm, h.running_norm),
+            PolicyConfig::Feedback(f) => (f.queue_norm, f.running_norm),
+            PolicyConfig::Capacity(c) => (capacity::SATURATION_QUEUE_NORM, c.running_norm),
         }
     }
 
@@ -48,6 +62,7 @@ impl PolicyConfig {
         match self {
             PolicyConfig::Headroom(p) => p.validate(),
             PolicyConfig::Feedback(p) => p.validate(),
+            PolicyConfig::Capacity(p) => p.validate(),
         }
     }
 }
@@ -82,6 +97,7 @@ pub struct Inputs<'a> {
 enum Algo {
     Headroom(headroom::Headroom),
     Feedback(feedback::Feedback),
+    Capacity(capacity::Capacity),
 }
 
 /// What a cycle of the policy produced and why.
@@ -122,6 +138,7 @@ impl PoolPolicy {
         let algo = match cfg {
             PolicyConfig::Headroom(p) => Algo::Headroom(headroom::Headroom::new(p.clone())),
             PolicyConfig::Feedback(p) => Algo::Feedback(feedback::Feedback::new(p.clone())),
+            PolicyConfig::Capacity(p) => Algo::Capacity(capacity::Capacity::new(p.clone())),
         };
         PoolPolicy { algo, range, stale_after, grace_cycles, missing: BTreeMap::new() }
     }
@@ -130,6 +147,7 @@ impl PoolPolicy {
         match &self.algo {
             Algo::Headroom(h) => (h.params.queue_norm, h.params.running_norm),
             Algo::Feedback(f) => (f.params.queue_norm, f.params.running_norm),
+            Algo::Capacity(c) => (capacity::SATURATION_QUEUE_NORM, c.params.running_norm),
         }
     }
 
@@ -158,6 +176,7 @@ impl PoolPolicy {
         let computed = match &mut self.algo {
             Algo::Headroom(h) => h.compute(&inputs),
             Algo::Feedback(f) => f.compute(&inputs),
+            Algo::Capacity(c) => c.compute(&inputs),
         };
         let computed_vals: Vec<f64> = computed.values().map(|&r| r as f64).collect();
         let pool_mean = self.range.clamp(mean(&computed_vals).unwrap_or(prev_mean));
@@ -189,8 +208,10 @@ impl PoolPolicy {
         if !self.missing.is_empty() {
             self.missing.retain(|m, _| snap.members.contains_key(m));
         }
-        if let Algo::Feedback(f) = &mut self.algo {
-            f.forget_except(snap);
+        match &mut self.algo {
+            Algo::Feedback(f) => f.forget_except(snap),
+            Algo::Capacity(c) => c.forget_except(snap),
+            Algo::Headroom(_) => {}
         }
         let (qn, rn) = self.norms();
         out.saturation = saturation(&fresh, qn, rn);
@@ -251,7 +272,11 @@ mod tests {
     }
 
     fn both() -> Vec<PolicyConfig> {
-        vec![PolicyConfig::Headroom(Default::default()), PolicyConfig::Feedback(Default::default())]
+        vec![
+            PolicyConfig::Headroom(Default::default()),
+            PolicyConfig::Feedback(Default::default()),
+            PolicyConfig::Capacity(Default::default()),
+        ]
     }
 
     #[test]

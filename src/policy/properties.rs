@@ -1,4 +1,5 @@
-//! Property and convergence tests shared by both policies.
+//! Property and convergence tests shared by the load-equalizing policies (`capacity`, which does not
+//! equalize load, has its own tests in its module).
 
 use std::time::Duration;
 
@@ -101,6 +102,7 @@ proptest! {
             let (qn, rn) = match &cfg {
                 PolicyConfig::Headroom(h) => (h.queue_norm, h.running_norm),
                 PolicyConfig::Feedback(f) => (f.queue_norm, f.running_norm),
+                PolicyConfig::Capacity(c) => (capacity::SATURATION_QUEUE_NORM, c.running_norm),
             };
             let members: Vec<_> = s.members.iter().collect();
             for (a, sa) in &members {

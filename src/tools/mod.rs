@@ -39,8 +39,9 @@ pub fn parse_policy(name: &str, params: &[String]) -> Result<PolicyConfig, Strin
         };
         obj.insert(k.trim().to_string(), value);
     }
-    let cfg: PolicyConfig = serde_json::from_value(serde_json::Value::Object(obj))
-        .map_err(|e| format!("policy {name:?} with {params:?}: {e} (known policies: feedback, headroom)"))?;
+    let cfg: PolicyConfig = serde_json::from_value(serde_json::Value::Object(obj)).map_err(|e| {
+        format!("policy {name:?} with {params:?}: {e} (known policies: capacity, feedback, headroom)")
+    })?;
     let problems = cfg.validate();
     if !problems.is_empty() {
         let msg: Vec<String> = problems.into_iter().map(|(f, m)| format!("{f}: {m}")).collect();
@@ -81,7 +82,16 @@ pub struct BenchControl {
 
 impl BenchControl {
     pub fn new(spec: &ControlSpec) -> Result<Self, String> {
-        let policy_cfg = parse_policy(&spec.policy, &spec.policy_params)?;
+        // `capacity` needs to know what its ratios feed; the benchmark knows the balancer, so it
+        // says so unless the parameters already do (as an operator would write it in the config).
+        let mut params = spec.policy_params.clone();
+        if spec.policy == "capacity"
+            && !spec.lb_mode.is_empty()
+            && !params.iter().any(|p| p.trim_start().starts_with("mode="))
+        {
+            params.push(format!("mode={}", spec.lb_mode));
+        }
+        let policy_cfg = parse_policy(&spec.policy, &params)?;
         let range = RatioRange { min: spec.ratio_min, max: spec.ratio_max };
         let interval = Duration::from_secs_f64(spec.push_interval_s.max(1e-3));
         let policy = PoolPolicy::new(

@@ -4,7 +4,7 @@
 //! Measured, per control cycle over every pool, with the code the controller runs, minus the
 //! network: (1) samples -> snapshot: [`crate::source::assemble`] from per-signal values (what both
 //! sources do after parsing), including building those value maps; (2) the pool's
-//! [`Cycle::step`]: the policy (feedback, the default) and every decision rule. What a sink then
+//! [`Cycle::step`]: the policy (capacity, the default) and every decision rule. What a sink then
 //! does with the ratios (HAProxy's plan, Envoy's assignment) is measured in the adapters' own tests.
 //!
 //! The members' loads follow a seeded random walk so ratios keep changing (a worst case). Memory is
