@@ -13,9 +13,12 @@ const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
 /// Three members: idle, medium, heavily loaded.
 async fn three_targets() -> Vec<MetricsTarget> {
     vec![
-        MetricsTarget::vllm(0.0, 2.0, 0.10).await,
-        MetricsTarget::vllm(2.0, 20.0, 0.50).await,
-        MetricsTarget::vllm(12.0, 60.0, 0.95).await,
+        // All three at their limit with a queue, the last one the slowest: it runs the fewest
+        // requests, queues the most and fills its KV cache. Every policy ranks it lowest (load
+        // policies by its load, the capacity policy by what it manages to run).
+        MetricsTarget::vllm(1.0, 60.0, 0.50).await,
+        MetricsTarget::vllm(5.0, 40.0, 0.70).await,
+        MetricsTarget::vllm(12.0, 20.0, 0.95).await,
     ]
 }
 
@@ -113,7 +116,7 @@ async fn scrape_quick_start_gives_most_loaded_member_the_lowest_ratio() {
         .cloned()
         .expect("busy");
     assert_eq!(busy["waiting"].as_f64(), Some(12.0));
-    assert_eq!(busy["running"].as_f64(), Some(60.0));
+    assert_eq!(busy["running"].as_f64(), Some(20.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -94,12 +94,15 @@ impl Drop for Running {
     }
 }
 
-/// Three metrics pages: idle, medium, busy.
+/// Three metrics pages, from the strongest replica to the weakest.
 async fn targets() -> Vec<MetricsTarget> {
     vec![
-        MetricsTarget::vllm(0.0, 2.0, 0.10).await,
-        MetricsTarget::vllm(2.0, 20.0, 0.50).await,
-        MetricsTarget::vllm(12.0, 60.0, 0.95).await,
+        // All three at their limit with a queue, the last one the slowest: it runs the fewest
+        // requests, queues the most and fills its KV cache. Every policy ranks it lowest (load
+        // policies by its load, the capacity policy by what it manages to run).
+        MetricsTarget::vllm(1.0, 60.0, 0.50).await,
+        MetricsTarget::vllm(5.0, 40.0, 0.70).await,
+        MetricsTarget::vllm(12.0, 20.0, 0.95).await,
     ]
 }
 
