@@ -41,6 +41,10 @@ pub struct ControlSpec {
     /// weighted least-request family). A policy that cares (`capacity`'s `mode`) takes it from here
     /// unless the parameters set it; empty when unknown.
     pub lb_mode: String,
+    /// Every weight write is a configuration change on the load balancer (BIG-IP): the controller
+    /// then writes a member only when its ratio moved enough or a while has passed (its change
+    /// policy for such sinks), and the benchmark counts what that costs.
+    pub config_writes: bool,
 }
 
 impl ControlSpec {

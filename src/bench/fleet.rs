@@ -181,6 +181,9 @@ pub struct BalancerResult {
     pub preemptions: u64,
     /// Pushes that changed at least one weight (how busy the LB's API would be).
     pub weight_updates: u64,
+    /// Member weights written per member per minute in the measured window (on BIG-IP each is a
+    /// configuration change); 0 for balancers that ignore ratios.
+    pub member_writes_per_min: f64,
     /// Weights when the measured window closed (empty for balancers that ignore ratios).
     pub final_weights: Vec<u32>,
     /// Share of the measured requests each replica received.
@@ -313,6 +316,8 @@ struct Sim<'a> {
     kv_sum: f64,
     kv_n: u64,
     weight_updates: u64,
+    /// Member weights changed by pushes made in the measured window.
+    window_member_writes: u64,
     /// Weights when the measured window closed (the drain after it is not steady state).
     window_weights: Option<Vec<u32>>,
     dispatched: Vec<u64>,
@@ -428,6 +433,7 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
         kv_sum: 0.0,
         kv_n: 0,
         weight_updates: 0,
+        window_member_writes: 0,
         window_weights: None,
         dispatched: vec![0; n],
         series: spec.record_series.then(|| Series {
@@ -779,6 +785,9 @@ impl Sim<'_> {
             let current =
                 self.pending_weights.back().cloned().or_else(|| self.lbs.first().map(|lb| lb.weights()));
             let changed = current.map_or(w.len(), |c| c.iter().zip(&w).filter(|(a, b)| a != b).count());
+            if now >= self.spec.scenario.warmup_s && now < self.spec.scenario.duration_s {
+                self.window_member_writes += changed as u64;
+            }
             if changed > 0 {
                 let at = self.spec.signals.lb_kind.apply_at(now, changed, self.envoy_phase);
                 if at <= now {
@@ -839,6 +848,9 @@ impl Sim<'_> {
             mean_kv_usage: if self.kv_n == 0 { 0.0 } else { self.kv_sum / self.kv_n as f64 },
             preemptions: self.reps.iter().map(|r| r.engine.stats().num_preemptions).sum(),
             weight_updates: self.weight_updates,
+            member_writes_per_min: self.window_member_writes as f64
+                / self.reps.len().max(1) as f64
+                / (window / 60.0),
             final_weights: if self.spec.balancer.uses_ratios() || self.spec.balancer.uses_static_weights() {
                 self.window_weights
                     .clone()

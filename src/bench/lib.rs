@@ -258,6 +258,7 @@ impl Settings {
             grace_s: signals.grace_s,
             replicas: 0,
             lb_mode: String::new(),
+            config_writes: signals.lb_kind == LbKind::F5,
         };
         controller.0.check(&control).map_err(anyhow::Error::msg)?;
         Ok(Settings {

@@ -88,7 +88,10 @@ impl ChangeFilter {
     fn worth_writing(&self, had: u32, want: u32, at: Instant, now: Instant) -> bool {
         let moved = f64::from(had.abs_diff(want));
         let threshold = (self.policy.min_change * f64::from(had)).max(1.0);
-        moved >= threshold || now.saturating_duration_since(at) >= self.policy.max_hold
+        // After max_hold a smaller move goes out too, but not rounding noise: a policy that wobbles
+        // one unit around its value would otherwise cost every member a write every max_hold.
+        let floor = (self.policy.min_change / 8.0 * f64::from(had)).max(1.0);
+        moved >= threshold || (now.saturating_duration_since(at) >= self.policy.max_hold && moved >= floor)
     }
 
     /// The load balancer accepted `sent` at `now`. Members that left the pool are forgotten.

@@ -335,3 +335,65 @@ fn state_changes_are_reported_once() {
         vec![None, Some(PoolState::Ok), None, Some(PoolState::SourceDown), Some(PoolState::Stale), None]
     );
 }
+
+/// Issue 13's acceptance on the state machine: behind BIG-IP (the configuration change policy), a
+/// replica slowed to a third is still re-weighted within 3 cycles: its move is far beyond 20%, so it
+/// is written, not held for a minute.
+#[test]
+fn a_replica_slowed_to_a_third_is_written_within_three_cycles_under_the_f5_change_policy() {
+    use crate::policy::capacity::{CapacityParams, Mode};
+    let t0 = Instant::now();
+    let mut st = settings();
+    st.reconciles = true;
+    st.change = ChangePolicy::CONFIGURATION;
+    let policy = PoolPolicy::new(
+        &PolicyConfig::Capacity(CapacityParams { mode: Mode::RoundRobin, ..Default::default() }),
+        st.range,
+        Duration::from_secs(60),
+        Duration::from_secs(30),
+        INTERVAL,
+    );
+    let mut c = Cycle::new(st, policy);
+    let s = |waiting: f64, latency: f64| {
+        Some(Sample {
+            waiting,
+            running: 100.0,
+            kv_usage: Some(0.4),
+            latency: Some(latency),
+            age: Duration::ZERO,
+        })
+    };
+    let snap = |a: Option<Sample>| Snapshot {
+        members: [("a:1", a), ("b:1", s(0.0, 10.0)), ("c:1", s(0.0, 10.0))]
+            .into_iter()
+            .map(|(m, x)| (MemberId::from(m), x))
+            .collect(),
+        rejected: vec![],
+        failures: vec![],
+    };
+    let three: Vec<MemberId> = ["a:1", "b:1", "c:1"].into_iter().map(MemberId::from).collect();
+    let mut now = t0;
+    let mut sent = Ratios::default();
+    for _ in 0..3 {
+        let step = c.step(Sampled::Snapshot(&snap(s(0.0, 10.0))), &three, now, true);
+        if let Decision::Push(r) = step.decision {
+            sent = r;
+        }
+        c.pushed(PushResult::Applied { changed: 0 }, now);
+        now += INTERVAL;
+    }
+    let a = MemberId::from("a:1");
+    let before = sent.get(&a).expect("a has a ratio");
+    for w in [30.0, 10.0, 0.0] {
+        let step = c.step(Sampled::Snapshot(&snap(s(w, 30.0 + w * 0.3))), &three, now, true);
+        if let Decision::Push(r) = step.decision {
+            sent = r;
+        }
+        c.pushed(PushResult::Applied { changed: 1 }, now);
+        now += INTERVAL;
+    }
+    let (a_now, b_now) = (sent.get(&a).expect("a"), sent.get(&MemberId::from("b:1")).expect("b"));
+    assert!(f64::from(a_now) <= 0.8 * f64::from(before), "a was cut and written: {before} -> {a_now}");
+    let share = f64::from(a_now) / f64::from(b_now);
+    assert!((0.25..=0.45).contains(&share), "a at about a third of b after 3 cycles: {a_now} vs {b_now}");
+}

@@ -19,6 +19,7 @@ use llm_lc_bench::control::{
 
 use crate::config::{OnStale, RatioRange};
 use crate::controller::{self, Controller, Output};
+use crate::cycle::change::ChangePolicy;
 use crate::cycle::{Cycle, CycleSettings, Decision, PushResult, Sampled};
 use crate::policy::{PolicyConfig, PoolPolicy};
 use crate::source::{Sample, Snapshot};
@@ -103,6 +104,10 @@ impl BenchControl {
         );
         let mut settings = CycleSettings::new(range, OnStale::Hold, Duration::from_secs(300));
         settings.reconciles = true;
+        if spec.config_writes {
+            // What the controller uses for an F5 sink by default (`ChangePolicy::default_for`).
+            settings.change = ChangePolicy::CONFIGURATION;
+        }
         Ok(BenchControl {
             cycle: Cycle::new(settings, policy),
             members: (0..spec.replicas).map(|r| MemberId(format!("replica-{r:03}:8000"))).collect(),
