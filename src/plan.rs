@@ -332,22 +332,34 @@ fn sink(s: &SinkConfig) -> Value {
             put_opt(&mut m, "agent_listen", h.agent_listen.clone());
         }
         SinkConfig::F5(f) => {
-            put(&mut m, "url", redact_url(&f.url));
+            put(&mut m, "mode", kebab(&f.mode));
+            if f.urls.is_empty() {
+                put(&mut m, "url", redact_url(&f.url));
+            } else {
+                let units: Vec<Value> = f.urls.iter().map(|u| Value::String(redact_url(u))).collect();
+                put(&mut m, "urls", Value::Sequence(units));
+            }
             put(&mut m, "pool", f.pool.as_str());
             put(&mut m, "auth", kebab(&f.auth));
             // Username's Debug prints a plain name, or where it comes from.
             put(&mut m, "username", format!("{:?}", f.username).trim_matches('"').to_string());
             put(&mut m, "password", secret(&f.password));
             put(&mut m, "login_provider", f.login_provider.as_str());
-            put(
-                &mut m,
-                "ca_file",
-                f.ca_file.as_ref().map(|c| c.display().to_string()).unwrap_or_else(|| "system roots".into()),
-            );
+            match &f.pinned_cert {
+                Some(p) => put(&mut m, "pinned_cert", p.display().to_string()),
+                None => put(
+                    &mut m,
+                    "ca_file",
+                    f.ca_file.as_ref().map(|c| c.display().to_string()).unwrap_or_else(|| "system roots".into()),
+                ),
+            }
             put(&mut m, "tls_verify", !f.insecure_skip_verify);
             put(&mut m, "timeout", dur(f.timeout));
             put(&mut m, "retries", f.retries);
             put(&mut m, "retry_backoff", dur(f.retry_backoff));
+            put(&mut m, "max_ratio", f.max_ratio);
+            put(&mut m, "concurrency", f.concurrency as u64);
+            put(&mut m, "login_backoff", dur(f.login_backoff));
             put(&mut m, "transactions", f.transactions);
         }
         SinkConfig::Envoy(e) => {
