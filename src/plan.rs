@@ -350,7 +350,10 @@ fn sink(s: &SinkConfig) -> Value {
                 None => put(
                     &mut m,
                     "ca_file",
-                    f.ca_file.as_ref().map(|c| c.display().to_string()).unwrap_or_else(|| "system roots".into()),
+                    f.ca_file
+                        .as_ref()
+                        .map(|c| c.display().to_string())
+                        .unwrap_or_else(|| "system roots".into()),
                 ),
             }
             put(&mut m, "tls_verify", !f.insecure_skip_verify);

@@ -158,3 +158,28 @@ fn an_existing_pem_ca_file_passes() {
     let out = check(dir.path(), &base(&format!("    ca_file: {}\n", crt.display()), "", MEMBERS));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// F5 documents member ratio as 1..100; a pool that could ask for more is refused with the reason,
+/// unless the sink opts in to a larger `max_ratio`.
+#[test]
+fn an_f5_pool_above_ratio_100_is_refused_unless_the_sink_opts_in() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let f5 = |extra: &str| {
+        base(
+            "",
+            &format!(
+                "    ratio: {{ min: 1, max: 1000 }}\n    sink: {{ kind: f5, url: 'https://bigip.example.com', pool: /Common/p, username: u, password: {{ value: x }}{extra} }}\n"
+            ),
+            MEMBERS,
+        )
+    };
+    let out = check(dir.path(), &f5(""));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("pools[0].ratio.max") && err.contains("1..100") && err.contains("max_ratio"),
+        "{err}"
+    );
+    let out = check(dir.path(), &f5(", max_ratio: 1000"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
