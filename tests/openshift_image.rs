@@ -114,8 +114,8 @@ fn check(name: &str, build_base: &str, runtime_bases: &[&str]) -> (String, Strin
     }
     let cargo = build_stage.iter().find(|l| l.contains("cargo build")).expect("a cargo build");
     assert!(
-        cargo.contains("cargo build --release --locked --no-default-features -p llm-load-controller"),
-        "{name}: controller-only locked release build: {cargo}"
+        cargo.contains("cargo build --profile dist --locked --no-default-features -p llm-load-controller"),
+        "{name}: controller-only locked build with the dist profile: {cargo}"
     );
     assert!(
         cargo.contains("LLMLC_GIT_COMMIT=${LLMLC_GIT_COMMIT}"),

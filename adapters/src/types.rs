@@ -2,19 +2,33 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 /// A model server as the load balancer knows it: `host:port` (IPv6 hosts in brackets, `[2001:db8::1]:8000`).
 ///
 /// Kept as the string users write so that config, logs, metrics labels and LB lookups all agree.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct MemberId(pub String);
+/// Shared, not copied: a cycle hands the same id to the snapshot, the policy, the change filter and
+/// the report, and cloning it is a reference count, not an allocation.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MemberId(Arc<str>);
+
+impl Serialize for MemberId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for MemberId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(MemberId::new)
+    }
+}
 
 impl MemberId {
     pub fn new(s: impl Into<String>) -> Self {
-        MemberId(s.into())
+        MemberId(Arc::from(s.into()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -41,7 +55,13 @@ impl fmt::Display for MemberId {
 
 impl From<&str> for MemberId {
     fn from(s: &str) -> Self {
-        MemberId(s.to_string())
+        MemberId(Arc::from(s))
+    }
+}
+
+impl From<String> for MemberId {
+    fn from(s: String) -> Self {
+        MemberId::new(s)
     }
 }
 

@@ -33,7 +33,7 @@ async fn double(cfg: DoubleConfig, n: usize) -> BigIpDouble {
 
 /// Member `i` gets ratio `2 + (i + shift) % 50`: every member changes when `shift` does.
 fn spread(n: usize, shift: usize) -> Ratios {
-    (0..n).map(|i| (MemberId(format!("10.0.1.{}:8000", i + 1)), 2 + ((i + shift) % 50) as u32)).collect()
+    (0..n).map(|i| (MemberId::new(format!("10.0.1.{}:8000", i + 1)), 2 + ((i + shift) % 50) as u32)).collect()
 }
 
 fn logins(log: &[Recorded]) -> usize {

@@ -33,7 +33,11 @@ fn arb_sample() -> impl Strategy<Value = Option<Sample>> {
 
 fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
     proptest::collection::vec(arb_sample(), 1..8).prop_map(|v| Snapshot {
-        members: v.into_iter().enumerate().map(|(i, s)| (MemberId(format!("10.0.0.{i}:8000")), s)).collect(),
+        members: v
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (MemberId::new(format!("10.0.0.{i}:8000")), s))
+            .collect(),
         rejected: vec![],
         failures: vec![],
     })
@@ -69,7 +73,7 @@ proptest! {
         for cfg in policies() {
             let mut p = new_policy(&cfg);
             let s = Snapshot {
-                members: (0..n).map(|i| (MemberId(format!("m{i}:1")), Some(sample(w, r, kv)))).collect(),
+                members: (0..n).map(|i| (MemberId::new(format!("m{i}:1")), Some(sample(w, r, kv)))).collect(),
                 rejected: vec![],
  failures: vec![],
             };
@@ -89,7 +93,7 @@ proptest! {
         for cfg in policies() {
             let mut p = new_policy(&cfg);
             let s = Snapshot {
-                members: loads.iter().enumerate().map(|(i, (w, kv))| (MemberId(format!("m{i}:1")), Some(sample(w.floor(), 8.0, *kv)))).collect(),
+                members: loads.iter().enumerate().map(|(i, (w, kv))| (MemberId::new(format!("m{i}:1")), Some(sample(w.floor(), 8.0, *kv)))).collect(),
                 rejected: vec![],
  failures: vec![],
             };
@@ -123,7 +127,7 @@ proptest! {
         for cfg in policies() {
             let mut p = new_policy(&cfg);
             let s = Snapshot {
-                members: (0..n).map(|i| (MemberId(format!("m{i}:1")), Some(sample(0.0, 0.0, 0.0)))).collect(),
+                members: (0..n).map(|i| (MemberId::new(format!("m{i}:1")), Some(sample(0.0, 0.0, 0.0)))).collect(),
                 rejected: vec![],
  failures: vec![],
             };

@@ -155,8 +155,10 @@ impl Join {
     /// The member a label value stands for.
     pub fn member(&self, value: &str) -> MemberId {
         match &self.rewrite {
-            Some((re, rep)) if re.is_match(value) => MemberId(re.replace(value, rep.as_str()).into_owned()),
-            _ => MemberId(value.to_string()),
+            Some((re, rep)) if re.is_match(value) => {
+                MemberId::new(re.replace(value, rep.as_str()).into_owned())
+            }
+            _ => MemberId::new(value.to_string()),
         }
     }
 }

@@ -110,7 +110,7 @@ impl BenchControl {
         }
         Ok(BenchControl {
             cycle: Cycle::new(settings, policy),
-            members: (0..spec.replicas).map(|r| MemberId(format!("replica-{r:03}:8000"))).collect(),
+            members: (0..spec.replicas).map(|r| MemberId::new(format!("replica-{r:03}:8000"))).collect(),
             initial: spec.initial_ratio(),
             epoch: Instant::now(),
         })

@@ -103,7 +103,10 @@ pub fn measure(pools: usize, members: usize, cycles: usize, seed: u64) -> anyhow
             let members: Vec<MemberId> = (0..members)
                 .map(|m| {
                     let k = (p * members + m) as u32;
-                    MemberId(format!("{}:8000", Ipv4Addr::new(10, (k >> 16) as u8, (k >> 8) as u8, k as u8)))
+                    MemberId::new(format!(
+                        "{}:8000",
+                        Ipv4Addr::new(10, (k >> 16) as u8, (k >> 8) as u8, k as u8)
+                    ))
                 })
                 .collect();
             let policy =

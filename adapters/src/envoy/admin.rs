@@ -48,9 +48,9 @@ pub fn members_of(body: &[u8], cluster: &str) -> Result<Option<Vec<MemberId>>, S
         .filter_map(|h| h.address.socket_address)
         .map(|s| {
             if s.address.contains(':') {
-                MemberId(format!("[{}]:{}", s.address, s.port_value))
+                MemberId::new(format!("[{}]:{}", s.address, s.port_value))
             } else {
-                MemberId(format!("{}:{}", s.address, s.port_value))
+                MemberId::new(format!("{}:{}", s.address, s.port_value))
             }
         })
         .collect();

@@ -193,7 +193,7 @@ pub fn served_from(cla: &ClusterLoadAssignment) -> BTreeMap<MemberId, u32> {
             (_, Ok(IpAddr::V6(ip))) => format!("[{ip}]"),
             _ => sa.address.clone(),
         };
-        out.insert(MemberId(format!("{host}:{}", sa.port_value)), ep.load_balancing_weight);
+        out.insert(MemberId::new(format!("{host}:{}", sa.port_value)), ep.load_balancing_weight);
     }
     out
 }

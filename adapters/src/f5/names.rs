@@ -85,8 +85,8 @@ impl Endpoint {
     pub fn member_id(&self) -> MemberId {
         let rd = self.route_domain.map(|d| format!("%{d}")).unwrap_or_default();
         match self.ip {
-            IpAddr::V4(ip) => MemberId(format!("{ip}{rd}:{}", self.port)),
-            IpAddr::V6(ip) => MemberId(format!("[{ip}{rd}]:{}", self.port)),
+            IpAddr::V4(ip) => MemberId::new(format!("{ip}{rd}:{}", self.port)),
+            IpAddr::V6(ip) => MemberId::new(format!("[{ip}{rd}]:{}", self.port)),
         }
     }
 }

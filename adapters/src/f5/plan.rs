@@ -61,7 +61,7 @@ pub fn to_wire(ratio: u32, max: u32) -> (u32, bool) {
 pub fn member_id(m: &Member) -> MemberId {
     match endpoint_of_member(&m.address, &m.name) {
         Some(ep) => ep.member_id(),
-        None => MemberId(m.name.clone()),
+        None => MemberId::new(m.name.clone()),
     }
 }
 

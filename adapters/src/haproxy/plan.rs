@@ -203,7 +203,9 @@ fn describe(servers: &[ServerState]) -> String {
     let mut list: Vec<String> = servers
         .iter()
         .take(5)
-        .map(|s| format!("{} ({})", s.name, s.member_id().map_or_else(|| "no address".into(), |m| m.0)))
+        .map(|s| {
+            format!("{} ({})", s.name, s.member_id().map_or_else(|| "no address".into(), |m| m.to_string()))
+        })
         .collect();
     if servers.len() > 5 {
         list.push(format!("and {} more", servers.len() - 5));
@@ -315,7 +317,9 @@ mod tests {
             })
             .collect();
         let desired: Ratios = (0..n)
-            .map(|i| (MemberId(format!("10.{}.{}.{}:8000", i >> 16, (i >> 8) & 255, i & 255)), 1 + i % 50))
+            .map(|i| {
+                (MemberId::new(format!("10.{}.{}.{}:8000", i >> 16, (i >> 8) & 255, i & 255)), 1 + i % 50)
+            })
             .collect();
         let started = std::time::Instant::now();
         let p = plan(&servers, &desired, &MAP, MatchBy::Address, "be").unwrap();
@@ -330,7 +334,7 @@ mod tests {
         // Draining one member does not make the all-zero check quadratic either.
         let drain = WeightMap { allow_drain: true, ..MAP };
         let mut zeros = desired.clone();
-        zeros.0.insert(MemberId("10.0.0.0:8000".into()), 0);
+        zeros.0.insert(MemberId::from("10.0.0.0:8000"), 0);
         let started = std::time::Instant::now();
         plan(&servers, &zeros, &drain, MatchBy::Name, "be").unwrap();
         assert!(started.elapsed() < std::time::Duration::from_millis(500), "{:?}", started.elapsed());

@@ -32,10 +32,10 @@ impl ServerState {
         }
         match self.addr.parse::<IpAddr>() {
             Ok(ip) if ip.is_unspecified() => None,
-            Ok(IpAddr::V6(v6)) => Some(MemberId(format!("[{v6}]:{}", self.port))),
-            Ok(IpAddr::V4(v4)) => Some(MemberId(format!("{v4}:{}", self.port))),
+            Ok(IpAddr::V6(v6)) => Some(MemberId::new(format!("[{v6}]:{}", self.port))),
+            Ok(IpAddr::V4(v4)) => Some(MemberId::new(format!("{v4}:{}", self.port))),
             Err(_) if self.addr.is_empty() || self.addr == "-" => None,
-            Err(_) => Some(MemberId(format!("{}:{}", self.addr, self.port))),
+            Err(_) => Some(MemberId::new(format!("{}:{}", self.addr, self.port))),
         }
     }
 
