@@ -35,7 +35,7 @@
 //! Ratios are rescaled so the pool mean sits mid-range; a pool-wide deadband keeps the LB API calm.
 //! Members without estimates yet get the pool's mean. Pure: no clock, no I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use llm_lc_adapters::MemberId;
 use serde::Deserialize;
@@ -140,12 +140,13 @@ struct Member {
 
 pub struct Capacity {
     pub params: CapacityParams,
-    members: BTreeMap<MemberId, Member>,
+    /// Per-member memory; looked up, never iterated in order.
+    members: HashMap<MemberId, Member>,
 }
 
 impl Capacity {
     pub fn new(params: CapacityParams) -> Self {
-        Capacity { params, members: BTreeMap::new() }
+        Capacity { params, members: HashMap::new() }
     }
 
     /// Drop the memory of members that left the pool.
@@ -196,85 +197,91 @@ impl Capacity {
         let p = self.params.clone();
         let range = input.range;
         let target_mean = range.mid();
-        let mut state: BTreeMap<MemberId, Member> = BTreeMap::new();
-        for (m, s) in input.fresh {
-            let old = self.members.get(*m).copied().unwrap_or(Member { trim: 1.0, ..Member::default() });
-            state.insert((*m).clone(), self.observe(old, s));
-        }
-        let known_k: Vec<f64> = state.values().filter_map(|m| m.k).collect();
-        let known_s: Vec<f64> = state.values().filter_map(|m| m.s).collect();
+        // Working values are vectors in the (sorted) order of the fresh members: one lookup of each
+        // member's memory per cycle, none per quantity.
+        let ids: Vec<&MemberId> = input.fresh.keys().copied().collect();
+        let samples: Vec<&Sample> = input.fresh.values().copied().collect();
+        let mut state: Vec<Member> = ids
+            .iter()
+            .zip(&samples)
+            .map(|(m, s)| {
+                let old = self.members.get(*m).copied().unwrap_or(Member { trim: 1.0, ..Member::default() });
+                self.observe(old, s)
+            })
+            .collect();
+        let known_k: Vec<f64> = state.iter().filter_map(|m| m.k).collect();
+        let known_s: Vec<f64> = state.iter().filter_map(|m| m.s).collect();
         let mean_k = mean(&known_k).unwrap_or(p.max_num_seqs);
         let mean_s = mean(&known_s);
         // Weighted round robin needs every member's service time; a partial picture would favour
         // whoever lacks one, so it falls back to capacity in requests for all.
         let use_s = p.mode == Mode::RoundRobin && known_s.len() == state.len();
 
-        let mut base = BTreeMap::new();
-        let mut delay = BTreeMap::new();
-        let mut util = BTreeMap::new();
-        for (id, m) in &state {
-            let s = input.fresh.get(id).copied();
+        let n = state.len();
+        let (mut base, mut delay, mut util) =
+            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        for (m, s) in state.iter().zip(&samples) {
             let k = m.k.unwrap_or(mean_k).max(1.0);
             let service = m.s.or(mean_s).unwrap_or(1.0);
-            base.insert(id.clone(), if use_s { k / service.max(1e-3) } else { k });
-            let (waiting, running) = s.map_or((0.0, 0.0), |s| (s.waiting, s.running));
-            delay.insert(id.clone(), waiting * service / k);
-            util.insert(id.clone(), ((running + waiting) / k).min(1.0));
+            base.push(if use_s { k / service.max(1e-3) } else { k });
+            delay.push(s.waiting * service / k);
+            util.push(((s.running + s.waiting) / k).min(1.0));
         }
-        let d_min = delay.values().copied().fold(f64::INFINITY, f64::min);
-        let mean_util = mean(&util.values().copied().collect::<Vec<_>>()).unwrap_or(0.0);
+        let d_min = delay.iter().copied().fold(f64::INFINITY, f64::min);
+        let mean_util = mean(&util).unwrap_or(0.0);
 
-        let mut next: BTreeMap<MemberId, f64> = BTreeMap::new();
-        for (id, m) in state.iter_mut() {
-            let u = util[id];
+        let mut next: Vec<f64> = Vec::with_capacity(n);
+        for (i, m) in state.iter_mut().enumerate() {
+            let u = util[i];
             // Trim toward equal utilization; a floor keeps an idle member from an infinite factor.
             if p.gain > 0.0 && mean_util > 0.05 && (u - mean_util).abs() > p.trim_band {
                 let f = ((mean_util + 0.05) / (u + 0.05)).powf(p.gain);
                 m.trim = (m.trim * f).clamp(1.0 / p.trim_max, p.trim_max);
             }
             let h = if p.mode == Mode::RoundRobin {
-                (1.0 + d_min / p.delay_tau) / (1.0 + delay[id] / p.delay_tau)
+                (1.0 + d_min / p.delay_tau) / (1.0 + delay[i] / p.delay_tau)
             } else {
                 1.0
             };
-            next.insert(id.clone(), base[id] * m.trim * h);
+            next.push(base[i] * m.trim * h);
         }
         // The trims are relative: keep their geometric mean at 1 so they cannot drift together.
-        let log_mean = state.values().map(|m| m.trim.ln()).sum::<f64>() / state.len() as f64;
-        for m in state.values_mut() {
+        let log_mean = state.iter().map(|m| m.trim.ln()).sum::<f64>() / n as f64;
+        for m in &mut state {
             m.trim = (m.trim / log_mean.exp()).clamp(1.0 / p.trim_max, p.trim_max);
         }
-        let mean_next = next.values().sum::<f64>() / next.len() as f64;
+        let mean_next = next.iter().sum::<f64>() / n as f64;
         if mean_next > 0.0 && mean_next.is_finite() {
-            for v in next.values_mut() {
+            for v in &mut next {
                 *v = (*v * target_mean / mean_next).clamp(range.min as f64, range.max as f64);
             }
         } else {
-            for v in next.values_mut() {
-                *v = target_mean;
-            }
+            next.fill(target_mean);
         }
         // Pool-wide deadband: when nobody would move by `deadband`, nobody moves (nothing pushed).
-        let quiet = next.iter().all(|(id, v)| match state[id].last {
+        let quiet = next.iter().zip(&state).all(|(v, m)| match m.last {
             Some(prev) if prev > 0 => {
                 ((range.clamp(*v) as f64 - prev as f64).abs() / prev as f64) < p.deadband
             }
             _ => false,
         });
-        let mut out = BTreeMap::new();
-        for (id, v) in next {
-            let Some(m) = state.get_mut(&id) else { continue };
+        let mut out = Vec::with_capacity(n);
+        for ((id, v), mut m) in ids.iter().zip(next).zip(state) {
             let r = match m.last {
                 Some(prev) if quiet => prev,
                 _ => range.clamp(v),
             };
             m.last = Some(r);
-            out.insert(id, r);
+            out.push(((*id).clone(), r));
+            match self.members.get_mut(*id) {
+                Some(slot) => *slot = m,
+                None => {
+                    self.members.insert((*id).clone(), m);
+                }
+            }
         }
-        for (id, m) in state {
-            self.members.insert(id, m);
-        }
-        out
+        // Already in order: a bulk build.
+        out.into_iter().collect()
     }
 }
 

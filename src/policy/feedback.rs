@@ -17,7 +17,7 @@
 //! and when no member would change by `deadband` (relative) or more, nothing changes at all. When the whole pool is idle
 //! there is nothing to learn from, and every member gets the same ratio.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use llm_lc_adapters::MemberId;
 use serde::Deserialize;
@@ -96,7 +96,7 @@ pub struct Feedback {
     pub params: FeedbackParams,
     /// What the policy remembers per member, one entry each so a cycle costs one lookup per member
     /// and phase, not one per remembered quantity.
-    state: BTreeMap<MemberId, Memory>,
+    state: HashMap<MemberId, Memory>,
 }
 
 /// One member's memory across cycles.
@@ -126,7 +126,7 @@ struct Row {
 
 impl Feedback {
     pub fn new(params: FeedbackParams) -> Self {
-        Feedback { params, state: BTreeMap::new() }
+        Feedback { params, state: HashMap::new() }
     }
 
     /// Drop the memory of members that left the pool.
