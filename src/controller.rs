@@ -406,17 +406,17 @@ impl PoolRuntime {
         if let Some(old) = step.changed_from {
             log_state_change(&pool, old, step.state, error.as_deref());
         }
-        if let (Some(t), Some(p)) = (&step.tiers, &self.cfg.priority) {
-            if let Some(spilled) = t.moved {
-                let tiers: Vec<&str> = p.tiers[..t.active].iter().map(|x| x.name.as_str()).collect();
-                let verb =
-                    if spilled { "spilled over to the next tier" } else { "returned from the last tier" };
-                tracing::info!(pool = %pool, active = ?tiers, saturation = t.saturation.unwrap_or_default(), "{verb}");
+        let active_tiers: Option<Vec<String>> = match (&step.tiers, &self.cfg.priority) {
+            (Some(t), Some(p)) => {
+                let names: Vec<String> = p.tiers.iter().take(t.active).map(|x| x.name.clone()).collect();
+                if let Some(spilled) = t.moved {
+                    let verb =
+                        if spilled { "spilled over to the next tier" } else { "returned from the last tier" };
+                    tracing::info!(pool = %pool, active = ?names, saturation = t.saturation.unwrap_or_default(), "{verb}");
+                }
+                m.pool_active_tiers.get_or_create(&pool_l).set(t.active as f64);
+                Some(names)
             }
-            m.pool_active_tiers.get_or_create(&pool_l).set(t.active as f64);
-        }
-        let active_tiers = match (&step.tiers, &self.cfg.priority) {
-            (Some(t), Some(p)) => Some(p.tiers.iter().take(t.active).map(|x| x.name.clone()).collect()),
             _ => None,
         };
         m.pool_members.get_or_create(&pool_l).set(self.query.members.len() as f64);

@@ -248,22 +248,27 @@ fn traffic_from_outside_the_lb_is_seen_by_the_controller_not_by_least_request() 
 }
 
 /// On BIG-IP every weight write is configuration. With the controller's F5 change policy (20% or
-/// once a minute), a fleet under steady load costs at most one write per member per minute once it
-/// settled. The default policy is quiet by itself; the older `feedback` policy moves every ratio a
-/// little every cycle, which is what the change policy is for.
+/// once a minute), a fleet under steady load costs at most one write per member per minute. The
+/// default policy is quiet by itself; `feedback` without its deadband nudges every ratio every
+/// cycle, which is what the change policy is there to hold back.
 #[test]
 fn f5_writes_stay_under_one_per_member_per_minute_on_a_steady_fleet() {
-    let writes = |policy: &str, lb_kind: &str| {
+    let writes = |policy: &str, params: &[&str], lb_kind: &str| {
         let mut a = args("heterogeneous", 0.85, &["ratio-least-request"]);
         a.knobs.duration = Some(std::time::Duration::from_secs(360));
         a.knobs.warmup = Some(std::time::Duration::from_secs(120));
         a.knobs.lb_kind = lb_kind.into();
         a.policy = policy.into();
+        a.policy_params = params.iter().map(|p| p.to_string()).collect();
         result(&report(&a), "ratio-least-request").member_writes_per_min
     };
-    let default_f5 = writes("capacity", "f5");
+    let default_f5 = writes("capacity", &[], "f5");
     assert!(default_f5 <= 1.0, "{default_f5:.2} writes per member per minute behind BIG-IP");
-    let (feedback_every, feedback_f5) = (writes("feedback", "haproxy"), writes("feedback", "f5"));
-    assert!(feedback_f5 <= 1.0, "feedback behind BIG-IP: {feedback_f5:.2} per member per minute");
-    eprintln!("writes/member/min: capacity+f5 {default_f5:.2}, feedback {feedback_every:.2} -> {feedback_f5:.2} with f5");
+    let (jittery_every, jittery_f5) =
+        (writes("feedback", &["deadband=0"], "haproxy"), writes("feedback", &["deadband=0"], "f5"));
+    assert!(jittery_every > 1.0, "every change written: {jittery_every:.2} per member per minute");
+    assert!(jittery_f5 <= 1.0, "the same behind BIG-IP: {jittery_f5:.2} per member per minute");
+    eprintln!(
+        "writes/member/min: capacity+f5 {default_f5:.2}; feedback without deadband {jittery_every:.2}, {jittery_f5:.2} behind f5"
+    );
 }

@@ -107,29 +107,39 @@ impl Lab {
         cfg
     }
 
-    /// `run --dry-run --once` on `cfg`; returns stdout after asserting success and a ratio per member.
-    fn dry_run_once(&self, name: &str, cfg: &Value) -> String {
+    /// `run --dry-run --once --output json` on `cfg`; asserts success and a ratio of at least 1 for
+    /// exactly the lab's members. Returns the cycle's JSON.
+    fn dry_run_once(&self, name: &str, cfg: &Value) -> serde_json::Value {
         let path = self.file(&format!("{name}.yaml"), &serde_yaml_ng::to_string(cfg).expect("yaml"));
         let check = Command::new(BIN).args(["check", "--config"]).arg(&path).output().expect("check");
         assert!(check.status.success(), "{name}: check: {}", String::from_utf8_lossy(&check.stderr));
         let out = Command::new(BIN)
-            .args(["run", "--dry-run", "--once", "--config"])
+            .args(["run", "--dry-run", "--once", "--output", "json", "--config"])
             .arg(&path)
             .output()
             .expect("run");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{name}: exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
-        for m in self.members() {
-            let line = stdout.lines().find(|l| l.contains(&m));
-            let ratio = line.and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("ratio=")));
-            assert!(
-                line.is_some_and(|l| l.split_whitespace().any(|w| w.parse::<u32>().is_ok()))
-                    || ratio.is_some(),
-                "{name}: no ratio printed for member {m}:\n{stdout}"
-            );
-        }
-        stdout
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or_else(|| panic!("{name}: no JSON: {stdout}"));
+        let report: serde_json::Value = serde_json::from_str(line).expect("cycle JSON");
+        let mut printed: Vec<(String, u64)> = report["pools"][0]["members"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{name}: no members in {report}"))
+            .iter()
+            .map(|m| (m["member"].as_str().unwrap_or_default().to_string(), m["ratio"].as_u64().unwrap_or(0)))
+            .collect();
+        printed.sort();
+        let mut want = self.members();
+        want.sort();
+        let names: Vec<String> = printed.iter().map(|(m, _)| m.clone()).collect();
+        assert_eq!(names, want, "{name}: every member, and only them:\n{report}");
+        assert!(printed.iter().all(|(_, r)| *r >= 1), "{name}: a ratio for every member: {printed:?}");
+        assert_eq!(report["pools"][0]["push"], "dry_run", "{name}: {report}");
+        report
     }
 }
 

@@ -20,10 +20,7 @@ pub fn client_builder(
     ca_file: Option<&Path>,
     insecure: bool,
 ) -> Result<reqwest::ClientBuilder, String> {
-    let mut b = reqwest::Client::builder()
-        .timeout(timeout)
-        .connect_timeout(timeout)
-        .user_agent(concat!("llm-load-controller/", env!("CARGO_PKG_VERSION")));
+    let mut b = base(timeout);
     if let Some(ca) = ca_file {
         let pem = std::fs::read(ca).map_err(|e| format!("cannot read CA file {}: {e}", ca.display()))?;
         b = with_roots(b, &pem).map_err(|e| format!("CA file {}: {e}", ca.display()))?;
@@ -65,11 +62,16 @@ pub fn pinned_builder(timeout: Duration, pem_file: &Path) -> Result<reqwest::Cli
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
-    Ok(reqwest::Client::builder()
+    Ok(base(timeout).use_preconfigured_tls(config))
+}
+
+/// What every client of this project has: `timeout` for the whole request and for connecting, and
+/// its name as user agent.
+fn base(timeout: Duration) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(timeout)
         .user_agent(concat!("llm-load-controller/", env!("CARGO_PKG_VERSION")))
-        .use_preconfigured_tls(config))
 }
 
 #[derive(Debug)]

@@ -175,6 +175,12 @@ async fn an_ha_pair_is_written_on_its_active_unit_and_a_failover_is_followed() {
     );
     assert!(err.to_string().contains("STANDBY") && err.to_string().contains("OFFLINE"), "{err}");
     assert_eq!(b.ratio(POOL, "10.0.1.1:8000"), Some(9));
+
+    // Credentials neither unit accepts: an authentication error, not "no unit is ACTIVE".
+    let mut wrong = cfg.clone();
+    wrong.username = Username::Plain("nobody".into());
+    let err = F5Sink::new(&wrong, "llm").expect("sink").apply(&spread(3, 11)).await.expect_err("refused");
+    assert!(matches!(err, SinkError::Auth { .. }), "{err}");
 }
 
 #[tokio::test]

@@ -273,12 +273,7 @@ impl Capacity {
             };
             m.last = Some(r);
             out.push(((*id).clone(), r));
-            match self.members.get_mut(*id) {
-                Some(slot) => *slot = m,
-                None => {
-                    self.members.insert((*id).clone(), m);
-                }
-            }
+            self.members.insert((*id).clone(), m);
         }
         // Already in order: a bulk build.
         out.into_iter().collect()

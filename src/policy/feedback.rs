@@ -134,11 +134,9 @@ impl Feedback {
         self.state.retain(|m, _| snap.members.contains_key(m));
     }
 
+    /// One lookup; the key clone is a reference count.
     fn memory(&mut self, m: &MemberId) -> &mut Memory {
-        if !self.state.contains_key(m) {
-            self.state.insert(m.clone(), Memory::default());
-        }
-        self.state.get_mut(m).expect("inserted above")
+        self.state.entry(m.clone()).or_default()
     }
 
     /// Per fresh member (in `Inputs::fresh` order), how much slower than the pool it processes

@@ -13,30 +13,29 @@
 //! comments. Members the controller has no ratio for are left out: the puller keeps its own choice
 //! for them.
 
+use llm_lc_adapters::MemberId;
+
 use crate::report::CycleReport;
 
 /// The text for `pool`, or `None` when the last cycle has no such pool.
 pub fn pool_text(report: &CycleReport, pool: &str) -> Option<String> {
     let p = report.pools.iter().find(|p| p.pool == pool)?;
-    let state = serde_json::to_value(p.state).ok().and_then(|v| v.as_str().map(str::to_string));
-    let mut out = format!(
-        "# llm-load-controller pool {} state {} ts {}\n",
-        p.pool,
-        state.as_deref().unwrap_or("unknown"),
-        report.ts
-    );
+    let mut out =
+        format!("# llm-load-controller pool {} state {} ts {}\n", p.pool, p.state.as_str(), report.ts);
     for m in &p.members {
-        let Some((addr, port)) = split_member(&m.member) else { continue };
-        out.push_str(&format!("{addr} {port} {}\n", m.ratio));
+        if let Some(line) = member_line(&m.member, m.ratio) {
+            out.push_str(&line);
+        }
     }
     Some(out)
 }
 
-/// `10.1.1.1:80` -> (`10.1.1.1`, `80`); `[2001:db8::1]:80` -> (`2001:db8::1`, `80`).
-fn split_member(id: &str) -> Option<(&str, &str)> {
-    let (host, port) = id.rsplit_once(':')?;
-    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
-    (!host.is_empty() && port.parse::<u16>().is_ok()).then_some((host, port))
+/// `10.1.1.1:80` -> `10.1.1.1 80 7`; `[2001:db8::1]:80` -> `2001:db8::1 80 7`; `None` for an id
+/// without a port.
+fn member_line(id: &str, ratio: u32) -> Option<String> {
+    let id = MemberId::from(id);
+    let (host, port) = id.host_port()?;
+    Some(format!("{host} {port} {ratio}\n"))
 }
 
 #[cfg(test)]
@@ -44,12 +43,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn members_split_into_address_and_port() {
-        assert_eq!(split_member("10.1.1.1:80"), Some(("10.1.1.1", "80")));
-        assert_eq!(split_member("10.1.1.1%2:80"), Some(("10.1.1.1%2", "80")));
-        assert_eq!(split_member("[2001:db8::1]:8000"), Some(("2001:db8::1", "8000")));
-        assert_eq!(split_member("vllm-0:8000"), Some(("vllm-0", "8000")));
-        assert_eq!(split_member("no-port"), None);
-        assert_eq!(split_member(":80"), None);
+    fn members_are_written_as_address_port_ratio() {
+        assert_eq!(member_line("10.1.1.1:80", 7).as_deref(), Some("10.1.1.1 80 7\n"));
+        assert_eq!(member_line("10.1.1.1%2:80", 7).as_deref(), Some("10.1.1.1%2 80 7\n"));
+        assert_eq!(member_line("[2001:db8::1]:8000", 9).as_deref(), Some("2001:db8::1 8000 9\n"));
+        assert_eq!(member_line("vllm-0:8000", 1).as_deref(), Some("vllm-0 8000 1\n"));
+        assert_eq!(member_line("no-port", 1), None);
+        assert_eq!(member_line(":80", 1), None);
     }
 }

@@ -127,6 +127,9 @@ impl F5Sink {
         }
         let last = self.active.load(Ordering::Relaxed);
         let mut seen = Vec::new();
+        // A unit that reported a status (standby, offline) makes this a passing state; a refusal
+        // that only configuration can fix (credentials, role) is returned when no unit got that far.
+        let mut answered = false;
         let mut hard_error = None;
         for k in 0..n {
             let i = (last + k) % n;
@@ -143,7 +146,10 @@ impl F5Sink {
                     }
                     return Ok(unit.clone());
                 }
-                Ok(status) => seen.push(format!("{} is {status}", unit.base_url())),
+                Ok(status) => {
+                    answered = true;
+                    seen.push(format!("{} is {status}", unit.base_url()));
+                }
                 Err(e) => {
                     seen.push(format!("{}: {}", unit.base_url(), e.summary()));
                     if !e.retryable() && hard_error.is_none() {
@@ -152,8 +158,7 @@ impl F5Sink {
                 }
             }
         }
-        // Wrong credentials or a missing role on every unit say so; otherwise it is a passing state.
-        if let Some(e) = hard_error.filter(|_| seen.iter().all(|s| !s.contains(" is "))) {
+        if let Some(e) = hard_error.filter(|_| !answered) {
             return Err(e);
         }
         Err(SinkError::Temporary {

@@ -88,7 +88,10 @@ impl CallError {
 
     /// One line for logs and combined messages.
     pub fn summary(&self) -> String {
-        describe(self)
+        match self {
+            CallError::Auth(m) | CallError::Transport(m) | CallError::Decode(m) => m.clone(),
+            CallError::Http { status, message } => format!("HTTP {status}: {message}"),
+        }
     }
 
     pub fn status(&self) -> Option<u16> {
@@ -255,29 +258,25 @@ impl Session {
         let mut logged_in_again = false;
         loop {
             let failure = match self.auth().await {
-                Ok(auth) => match self.send(req, Some(&auth)).await {
-                    Ok(v) => return decode(v),
-                    Err(CallError::Http { status: 401, message })
-                        if matches!(auth, Auth::Token(_))
-                            && !logged_in_again
-                            && !is_permission_denial(401, &message) =>
+                Ok(auth) => match (self.send(req, Some(&auth)).await, &auth) {
+                    (Ok(v), _) => return decode(v),
+                    (Err(CallError::Http { status: 401, message }), Auth::Token(t))
+                        if !logged_in_again && !is_permission_denial(401, &message) =>
                     {
                         // The token expired or was revoked behind our back (BIG-IP restart, someone
                         // deleting tokens). Log in again once; a second 401 is a real refusal.
                         logged_in_again = true;
-                        if let Auth::Token(t) = &auth {
-                            self.replace_token(t, message.contains("does not exist")).await?;
-                        }
+                        self.replace_token(t, message.contains("does not exist")).await?;
                         continue;
                     }
-                    Err(CallError::Http { status: 401, message })
-                        if matches!(auth, Auth::Basic(_)) && !is_permission_denial(401, &message) =>
+                    (Err(CallError::Http { status: 401, message }), Auth::Basic(_, sent))
+                        if !is_permission_denial(401, &message) =>
                     {
                         // Basic auth sends the password every time: a refusal counts like a refused
                         // login against lockout policies.
-                        return Err(self.refused(message));
+                        return Err(self.refused(message, *sent));
                     }
-                    Err(e) => e,
+                    (Err(e), _) => e,
                 },
                 Err(e) => e,
             };
@@ -297,7 +296,7 @@ impl Session {
         let url = format!("{}{}", self.base, req.path);
         let mut rb = self.client.request(req.method.clone(), &url).header("Accept", "application/json");
         match auth {
-            Some(Auth::Basic(h)) => rb = rb.header("Authorization", h),
+            Some(Auth::Basic(h, _)) => rb = rb.header("Authorization", h),
             Some(Auth::Token(t)) => rb = rb.header(TOKEN_HEADER, t),
             None => {}
         }
@@ -327,9 +326,12 @@ impl Session {
         match self.key.auth {
             AuthMode::Basic => {
                 let password = self.password.resolve().map_err(CallError::Auth)?;
-                self.may_send(&password)?;
+                let sent = self.may_send(&password)?;
                 let raw = format!("{}:{}", self.key.username, password);
-                Ok(Auth::Basic(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(raw))))
+                Ok(Auth::Basic(
+                    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(raw)),
+                    sent,
+                ))
             }
             AuthMode::Token => self.token().await.map(Auth::Token),
         }
@@ -400,7 +402,7 @@ impl Session {
 
     async fn login(&self) -> Result<Token, CallError> {
         let password = self.password.resolve().map_err(CallError::Auth)?;
-        self.may_send(&password)?;
+        let sent = self.may_send(&password)?;
         let body = serde_json::to_value(wire::LoginRequest {
             username: &self.key.username,
             password: &password,
@@ -418,7 +420,7 @@ impl Session {
                     attempt += 1;
                     tokio::time::sleep(policy.delay(attempt)).await;
                 }
-                Err(CallError::Http { status: 401, message }) => return Err(self.refused(message)),
+                Err(CallError::Http { status: 401, message }) => return Err(self.refused(message, sent)),
                 Err(e) => return Err(login_error(e, &self.key.username)),
             }
         };
@@ -434,10 +436,12 @@ impl Session {
     }
 
     /// Refuse to send credentials BIG-IP refused before, until the wait is over or they change.
-    fn may_send(&self, password: &str) -> Result<(), CallError> {
+    /// Returns the fingerprint of the credentials about to be sent.
+    fn may_send(&self, password: &str) -> Result<u64, CallError> {
+        let sent = fingerprint(&self.key.username, password);
         let gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
-        match gate.check(Instant::now(), fingerprint(&self.key.username, password)) {
-            Verdict::Try => Ok(()),
+        match gate.check(Instant::now(), sent) {
+            Verdict::Try => Ok(sent),
             Verdict::Wait { remaining, refusals } => Err(CallError::Auth(format!(
                 "BIG-IP refused the credentials of user {:?} {refusals} time(s); not sending them again for \
                  {}s (or as soon as the password changes), so the account is not locked out",
@@ -447,14 +451,10 @@ impl Session {
         }
     }
 
-    /// Note a refusal of the current credentials; warn once per streak of refusals.
-    fn refused(&self, message: String) -> CallError {
-        let password = self.password.resolve().unwrap_or_default();
-        let (wait, first) = self
-            .gate
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .refused(Instant::now(), fingerprint(&self.key.username, &password));
+    /// Note a refusal of the credentials with fingerprint `sent` (those actually sent: the file may
+    /// have changed since); warn once per streak of refusals.
+    fn refused(&self, message: String, sent: u64) -> CallError {
+        let (wait, first) = self.gate.lock().unwrap_or_else(|p| p.into_inner()).refused(Instant::now(), sent);
         let err = CallError::Auth(format!(
             "BIG-IP refused the login of user {:?} ({message}); check the username/password Secret and \
              login_provider. Next attempt in {}s, backing off up to 5 min, or at once when the password \
@@ -463,7 +463,7 @@ impl Session {
             wait.as_secs().max(1)
         ));
         if first {
-            tracing::warn!(bigip = %self.base, user = %self.key.username, wait_s = wait.as_secs(), "{}", describe(&err));
+            tracing::warn!(bigip = %self.base, user = %self.key.username, wait_s = wait.as_secs(), "{}", err.summary());
         }
         err
     }
@@ -515,7 +515,8 @@ impl Session {
 }
 
 enum Auth {
-    Basic(String),
+    /// The header, and the fingerprint of the credentials in it (what a refusal is recorded against).
+    Basic(String, u64),
     Token(String),
 }
 
@@ -529,13 +530,6 @@ fn fingerprint(user: &str, password: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (user, password).hash(&mut h);
     h.finish()
-}
-
-fn describe(e: &CallError) -> String {
-    match e {
-        CallError::Auth(m) | CallError::Transport(m) | CallError::Decode(m) => m.clone(),
-        CallError::Http { status, message } => format!("HTTP {status}: {message}"),
-    }
 }
 
 /// Login failures get advice; the password never appears.
