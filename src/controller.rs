@@ -147,7 +147,7 @@ impl Controller {
             let settings = cycle_settings(p, &sink_cfg, sink.reconciles());
             pools.push(PoolRuntime {
                 query: PoolQuery {
-                    members: p.members.static_list.clone().unwrap_or_default(),
+                    members: sorted(p.members.static_list.clone().unwrap_or_default()),
                     names,
                     queries,
                     join,
@@ -334,6 +334,7 @@ impl PoolRuntime {
         };
         match found {
             Ok(Some(members)) => {
+                let members = sorted(members);
                 if from_lb {
                     self.cycle.lb_answered();
                 }
@@ -341,14 +342,18 @@ impl PoolRuntime {
                     tracing::info!(pool = %pool, members = members.len(), "member discovery works again");
                     self.discovery_failing = false;
                 }
-                for gone in self.query.members.iter().filter(|m| !members.contains(m)) {
-                    tracing::info!(pool = %pool, member = %gone, "member left the pool");
-                    telemetry.metrics.forget_member(&pool, gone.as_str());
+                // The same members again (the usual case) keep the ids the cycle already holds.
+                if members != self.query.members {
+                    let (gone, joined) = difference(&self.query.members, &members);
+                    for m in gone {
+                        tracing::info!(pool = %pool, member = %m, "member left the pool");
+                        telemetry.metrics.forget_member(&pool, m.as_str());
+                    }
+                    for m in joined {
+                        tracing::info!(pool = %pool, member = %m, "member joined the pool");
+                    }
+                    self.query.members = members;
                 }
-                for new in members.iter().filter(|m| !self.query.members.contains(m)) {
-                    tracing::info!(pool = %pool, member = %new, "member joined the pool");
-                }
-                self.query.members = members;
             }
             Ok(None) => {
                 // Not discovering from the LB: while the sink backs off, a cheap read tells whether it
@@ -760,4 +765,55 @@ fn new_ticker(interval: Duration) -> tokio::time::Interval {
     // A slow cycle delays the next one instead of firing a burst to catch up.
     t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     t
+}
+
+/// A pool's members in member order, each once: the order the snapshot, the policy and the ratios
+/// keep, so a cycle walks them side by side instead of looking members up.
+fn sorted(mut members: Vec<MemberId>) -> Vec<MemberId> {
+    members.sort();
+    members.dedup();
+    members
+}
+
+/// Members of `old` not in `new`, and of `new` not in `old`; both sorted. One walk of each.
+fn difference<'a>(old: &'a [MemberId], new: &'a [MemberId]) -> (Vec<&'a MemberId>, Vec<&'a MemberId>) {
+    let (mut gone, mut joined) = (Vec::new(), Vec::new());
+    let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        match (o.peek(), n.peek()) {
+            (Some(a), Some(b)) if a < b => gone.extend(o.next()),
+            (Some(a), Some(b)) if a > b => joined.extend(n.next()),
+            (Some(_), Some(_)) => {
+                o.next();
+                n.next();
+            }
+            (Some(_), None) => gone.extend(o.next()),
+            (None, Some(_)) => joined.extend(n.next()),
+            (None, None) => return (gone, joined),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(s: &[&str]) -> Vec<MemberId> {
+        s.iter().map(|m| MemberId::from(*m)).collect()
+    }
+
+    #[test]
+    fn members_are_kept_sorted_and_once() {
+        assert_eq!(sorted(ids(&["b:1", "a:1", "b:1"])), ids(&["a:1", "b:1"]));
+    }
+
+    #[test]
+    fn difference_names_who_left_and_who_joined() {
+        let (old, new) = (ids(&["a:1", "b:1", "d:1"]), ids(&["b:1", "c:1", "e:1"]));
+        let (gone, joined) = difference(&old, &new);
+        assert_eq!(gone.iter().map(|m| m.as_str()).collect::<Vec<_>>(), ["a:1", "d:1"]);
+        assert_eq!(joined.iter().map(|m| m.as_str()).collect::<Vec<_>>(), ["c:1", "e:1"]);
+        let (gone, joined) = difference(&old, &old);
+        assert!(gone.is_empty() && joined.is_empty());
+    }
 }

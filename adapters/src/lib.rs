@@ -10,11 +10,13 @@ pub mod envoy;
 pub mod error;
 pub mod f5;
 pub mod haproxy;
+pub mod member_map;
 pub mod sink;
 pub mod tls;
 pub mod types;
 pub mod webhook;
 
 pub use error::SinkError;
+pub use member_map::MemberMap;
 pub use sink::{build_sink, Applied, InstanceStatus, RatioSink, SinkConfig, SinkContext};
 pub use types::{MemberId, Ratios, SecretRef};

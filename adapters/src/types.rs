@@ -1,18 +1,52 @@
 //! Shared vocabulary: who a member is, what a set of ratios is, and where secrets come from.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+
+use crate::MemberMap;
 
 /// A model server as the load balancer knows it: `host:port` (IPv6 hosts in brackets, `[2001:db8::1]:8000`).
 ///
 /// Kept as the string users write so that config, logs, metrics labels and LB lookups all agree.
 /// Shared, not copied: a cycle hands the same id to the snapshot, the policy, the change filter and
 /// the report, and cloning it is a reference count, not an allocation.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone)]
 pub struct MemberId(Arc<str>);
+
+// Equality and order are the string's; the pointer check first is what makes sharing pay: a cycle
+// compares the same ids (the pool's own list, the snapshot's, the policy's memory) over and over,
+// and the same allocation is equal without reading a byte.
+impl PartialEq for MemberId {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl Eq for MemberId {}
+
+// The string's hash, consistent with equality (equal ids are equal strings).
+impl std::hash::Hash for MemberId {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.0.hash(h);
+    }
+}
+
+impl PartialOrd for MemberId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for MemberId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        if Arc::ptr_eq(&self.0, &other.0) {
+            return std::cmp::Ordering::Equal;
+        }
+        self.0.cmp(&other.0)
+    }
+}
 
 impl Serialize for MemberId {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -65,10 +99,11 @@ impl From<String> for MemberId {
     }
 }
 
-/// One integer ratio per member of a pool. Ordered, so output and pushes are deterministic.
+/// One integer ratio per member of a pool, in member order, so output and pushes are deterministic.
+/// Serialized as a map (`{"id": ratio}`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct Ratios(pub BTreeMap<MemberId, u32>);
+pub struct Ratios(MemberMap<u32>);
 
 impl Ratios {
     pub fn get(&self, m: &MemberId) -> Option<u32> {
@@ -83,8 +118,24 @@ impl Ratios {
         self.0.is_empty()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&MemberId, u32)> {
+    /// Members and their ratios, in member order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&MemberId, u32)> + ExactSizeIterator + Clone {
         self.0.iter().map(|(k, v)| (k, *v))
+    }
+
+    /// Members, in order.
+    pub fn members(&self) -> impl DoubleEndedIterator<Item = &MemberId> + ExactSizeIterator + Clone {
+        self.0.keys()
+    }
+
+    /// Set one member's ratio (inserted in order when new).
+    pub fn insert(&mut self, m: MemberId, ratio: u32) {
+        self.0.insert(m, ratio);
+    }
+
+    /// The ratios as a member map (for merging with other member-ordered data).
+    pub fn as_map(&self) -> &MemberMap<u32> {
+        &self.0
     }
 
     /// True when pushing these would leave the pool with no member that can take new traffic.

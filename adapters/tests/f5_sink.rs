@@ -88,7 +88,7 @@ async fn logs_in_once_and_reuses_the_token() {
         .all(|r| r.auth == RecordedAuth::Token));
     assert_eq!(sink.current().await.unwrap(), Some(want.clone()));
     let ids = sink.members().await.unwrap().unwrap();
-    assert_eq!(ids, want.0.keys().cloned().collect::<Vec<_>>());
+    assert_eq!(ids, want.members().cloned().collect::<Vec<_>>());
     sink.shutdown().await;
     assert_eq!(d.live_tokens(USER), 0, "shutdown deletes the token");
     assert_no_put(&d);
@@ -244,7 +244,7 @@ async fn partitions_route_domains_ipv6_and_named_nodes() {
     let ids = sink.members().await.unwrap().unwrap();
     assert_eq!(
         ids,
-        want.0.keys().cloned().collect::<Vec<_>>(),
+        want.members().cloned().collect::<Vec<_>>(),
         "ids are address:port, bracketed IPv6, %RD kept"
     );
     let a = sink.apply(&want).await.unwrap();

@@ -10,10 +10,9 @@
 //! Pure: time is passed in, and what the load balancer was given is recorded only when a push
 //! succeeded ([`ChangeFilter::committed`]), so a failed push is retried with the same values.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use llm_lc_adapters::{MemberId, Ratios, SinkConfig};
+use llm_lc_adapters::{MemberMap, Ratios, SinkConfig};
 use serde::Deserialize;
 
 /// `change:` of a pool. Defaults depend on the sink: see [`ChangePolicy::default_for`].
@@ -62,21 +61,24 @@ impl ChangePolicy {
 #[derive(Debug, Clone)]
 pub struct ChangeFilter {
     policy: ChangePolicy,
-    sent: BTreeMap<MemberId, (u32, Instant)>,
+    /// In member order, like the ratios it is compared with (one walk, no lookups).
+    sent: MemberMap<(u32, Instant)>,
 }
 
 impl ChangeFilter {
     pub fn new(policy: ChangePolicy) -> Self {
-        ChangeFilter { policy, sent: BTreeMap::new() }
+        ChangeFilter { policy, sent: MemberMap::default() }
     }
 
     /// The ratios to send: `desired` where the change is worth a write, the value last written
     /// otherwise. Members never written get their desired ratio.
     pub fn filter(&self, desired: &Ratios, now: Instant) -> Ratios {
+        let sent = self.sent.aligned(desired.members());
         desired
             .iter()
-            .map(|(m, want)| {
-                let send = match self.sent.get(m) {
+            .zip(sent)
+            .map(|((m, want), sent)| {
+                let send = match sent {
                     Some(&(had, at)) if had != want && !self.worth_writing(had, want, at, now) => had,
                     _ => want,
                 };
@@ -96,22 +98,23 @@ impl ChangeFilter {
 
     /// The load balancer accepted `sent` at `now`. Members that left the pool are forgotten.
     pub fn committed(&mut self, sent: &Ratios, now: Instant) {
-        self.sent.retain(|m, _| sent.get(m).is_some());
-        for (m, r) in sent.iter() {
-            match self.sent.get_mut(m) {
-                Some(entry) if entry.0 == r => {}
-                Some(entry) => *entry = (r, now),
-                None => {
-                    self.sent.insert(m.clone(), (r, now));
-                }
-            }
-        }
+        let before = self.sent.aligned(sent.members());
+        let next = sent
+            .iter()
+            .zip(before)
+            .map(|((m, r), had)| match had {
+                Some(&(was, at)) if was == r => (m.clone(), (r, at)),
+                _ => (m.clone(), (r, now)),
+            })
+            .collect();
+        self.sent = next;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use llm_lc_adapters::MemberId;
 
     fn ratios(rs: &[(&str, u32)]) -> Ratios {
         rs.iter().map(|(m, r)| (MemberId::from(*m), *r)).collect()

@@ -35,13 +35,11 @@
 //! Ratios are rescaled so the pool mean sits mid-range; a pool-wide deadband keeps the LB API calm.
 //! Members without estimates yet get the pool's mean. Pure: no clock, no I/O.
 
-use std::collections::{BTreeMap, HashMap};
-
-use llm_lc_adapters::MemberId;
+use llm_lc_adapters::MemberMap;
 use serde::Deserialize;
 
 use super::Inputs;
-use crate::source::{Sample, Snapshot};
+use crate::source::Sample;
 
 /// Which LB algorithm the ratios feed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -138,20 +136,22 @@ struct Member {
     last: Option<u32>,
 }
 
+impl Member {
+    /// Nothing known yet; no trim.
+    fn new() -> Self {
+        Member { trim: 1.0, ..Member::default() }
+    }
+}
+
 pub struct Capacity {
     pub params: CapacityParams,
-    /// Per-member memory; looked up, never iterated in order.
-    members: HashMap<MemberId, Member>,
+    /// Per-member memory, kept in line with the snapshot's members (index = position).
+    members: MemberMap<Member>,
 }
 
 impl Capacity {
     pub fn new(params: CapacityParams) -> Self {
-        Capacity { params, members: HashMap::new() }
-    }
-
-    /// Drop the memory of members that left the pool.
-    pub fn forget_except(&mut self, snap: &Snapshot) {
-        self.members.retain(|m, _| snap.members.contains_key(m));
+        Capacity { params, members: MemberMap::default() }
     }
 
     fn usage(&self, s: &Sample) -> f64 {
@@ -190,23 +190,23 @@ impl Capacity {
         m
     }
 
-    pub fn compute(&mut self, input: &Inputs<'_>) -> BTreeMap<MemberId, u32> {
+    pub fn compute(&mut self, input: &Inputs<'_>) -> Vec<u32> {
+        // Memory follows the pool: members that left are forgotten, new ones start fresh.
+        self.members.sync_to(input.snapshot.members.keys(), Member::new);
         if input.fresh.is_empty() {
-            return BTreeMap::new();
+            return Vec::new();
         }
         let p = self.params.clone();
         let range = input.range;
         let target_mean = range.mid();
-        // Working values are vectors in the (sorted) order of the fresh members: one lookup of each
-        // member's memory per cycle, none per quantity.
-        let ids: Vec<&MemberId> = input.fresh.keys().copied().collect();
-        let samples: Vec<&Sample> = input.fresh.values().copied().collect();
-        let mut state: Vec<Member> = ids
+        // Working values are vectors in the order of the fresh members; memory is read by dense index.
+        let samples: Vec<&Sample> = input.fresh.iter().map(|f| f.sample).collect();
+        let mut state: Vec<Member> = input
+            .fresh
             .iter()
-            .zip(&samples)
-            .map(|(m, s)| {
-                let old = self.members.get(*m).copied().unwrap_or(Member { trim: 1.0, ..Member::default() });
-                self.observe(old, s)
+            .map(|f| {
+                let old = self.members.at(f.index).map_or_else(Member::new, |(_, m)| *m);
+                self.observe(old, f.sample)
             })
             .collect();
         let known_k: Vec<f64> = state.iter().filter_map(|m| m.k).collect();
@@ -266,17 +266,18 @@ impl Capacity {
             _ => false,
         });
         let mut out = Vec::with_capacity(n);
-        for ((id, v), mut m) in ids.iter().zip(next).zip(state) {
+        for ((f, v), mut m) in input.fresh.iter().zip(next).zip(state) {
             let r = match m.last {
                 Some(prev) if quiet => prev,
                 _ => range.clamp(v),
             };
             m.last = Some(r);
-            out.push(((*id).clone(), r));
-            self.members.insert((*id).clone(), m);
+            out.push(r);
+            if let Some(slot) = self.members.at_mut(f.index) {
+                *slot = m;
+            }
         }
-        // Already in order: a bulk build.
-        out.into_iter().collect()
+        out
     }
 }
 
@@ -319,7 +320,7 @@ mod tests {
         prev: &mut llm_lc_adapters::Ratios,
     ) -> Vec<u32> {
         *prev = p.compute(&snap(members), prev).ratios;
-        members.iter().map(|(m, _)| prev.get(&MemberId::from(*m)).unwrap_or(0)).collect()
+        members.iter().map(|(m, _)| prev.get(&llm_lc_adapters::MemberId::from(*m)).unwrap_or(0)).collect()
     }
 
     #[test]

@@ -17,13 +17,10 @@
 //! and when no member would change by `deadband` (relative) or more, nothing changes at all. When the whole pool is idle
 //! there is nothing to learn from, and every member gets the same ratio.
 
-use std::collections::{BTreeMap, HashMap};
-
-use llm_lc_adapters::MemberId;
+use llm_lc_adapters::MemberMap;
 use serde::Deserialize;
 
 use super::{load, Inputs};
-use crate::source::Snapshot;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -96,7 +93,8 @@ pub struct Feedback {
     pub params: FeedbackParams,
     /// What the policy remembers per member, one entry each so a cycle costs one lookup per member
     /// and phase, not one per remembered quantity.
-    state: HashMap<MemberId, Memory>,
+    /// Per-member memory, kept in line with the snapshot's members (index = position).
+    state: MemberMap<Memory>,
 }
 
 /// One member's memory across cycles.
@@ -126,17 +124,12 @@ struct Row {
 
 impl Feedback {
     pub fn new(params: FeedbackParams) -> Self {
-        Feedback { params, state: HashMap::new() }
+        Feedback { params, state: MemberMap::default() }
     }
 
-    /// Drop the memory of members that left the pool.
-    pub fn forget_except(&mut self, snap: &Snapshot) {
-        self.state.retain(|m, _| snap.members.contains_key(m));
-    }
-
-    /// One lookup; the key clone is a reference count.
-    fn memory(&mut self, m: &MemberId) -> &mut Memory {
-        self.state.entry(m.clone()).or_default()
+    /// The memory of the member at dense index `i` (its position in the snapshot).
+    fn memory(&mut self, i: usize) -> &mut Memory {
+        self.state.at_mut(i).expect("policy memory is synced to the snapshot's members")
     }
 
     /// Per fresh member (in `Inputs::fresh` order), how much slower than the pool it processes
@@ -145,8 +138,8 @@ impl Feedback {
     fn slowness(&mut self, input: &Inputs<'_>) -> Vec<f64> {
         let (smoothing, weight) = (self.params.smoothing, self.params.latency_weight);
         let mut known = Vec::with_capacity(input.fresh.len());
-        for (m, s) in input.fresh {
-            let mem = self.memory(m);
+        for f in input.fresh {
+            let (mem, s) = (self.memory(f.index), f.sample);
             if let Some(l) = s.latency.filter(|l| *l > 0.0) {
                 mem.latency = Some(match mem.latency {
                     Some(old) => smoothing * l + (1.0 - smoothing) * old,
@@ -164,18 +157,20 @@ impl Feedback {
         known.into_iter().map(|l| (l / mean).powf(weight)).collect()
     }
 
-    pub fn compute(&mut self, input: &Inputs<'_>) -> BTreeMap<MemberId, u32> {
+    pub fn compute(&mut self, input: &Inputs<'_>) -> Vec<u32> {
+        // Memory follows the pool: members that left are forgotten, new ones start fresh.
+        self.state.sync_to(input.snapshot.members.keys(), Memory::default);
         if input.fresh.is_empty() {
-            return BTreeMap::new();
+            return Vec::new();
         }
         let range = input.range;
         let target_mean = range.mid();
         let slowness = self.slowness(input);
         let p = self.params.clone();
         let mut rows: Vec<Row> = Vec::with_capacity(input.fresh.len());
-        for (i, (m, s)) in input.fresh.iter().enumerate() {
-            let from_start = input.start.get(*m).copied();
-            let mem = self.memory(m);
+        for (i, f) in input.fresh.iter().enumerate() {
+            let (s, from_start) = (f.sample, f.start);
+            let mem = self.memory(f.index);
             let before = mem.waiting.replace(s.waiting);
             let l = load(s, p.queue_norm, p.running_norm) * slowness.get(i).copied().unwrap_or(1.0);
             let (smoothed, moved) = match mem.smoothed {
@@ -190,7 +185,7 @@ impl Feedback {
                 load: smoothed,
                 trend: moved,
                 draining: before.is_some_and(|w| s.waiting < w),
-                start: mem.level.or(from_start).unwrap_or(target_mean),
+                start: mem.level.unwrap_or(from_start),
                 last: mem.last,
             });
         }
@@ -240,16 +235,16 @@ impl Feedback {
                 }
                 _ => false,
             });
-        let mut out = BTreeMap::new();
-        for ((m, _), (row, v)) in input.fresh.iter().zip(rows.iter().zip(next)) {
+        let mut out = Vec::with_capacity(rows.len());
+        for (f, (row, v)) in input.fresh.iter().zip(rows.iter().zip(next)) {
             let r = match row.last {
                 Some(prev) if quiet => prev,
                 _ => range.clamp(v),
             };
-            let mem = self.memory(m);
+            let mem = self.memory(f.index);
             mem.level = Some(v);
             mem.last = Some(r);
-            out.insert((*m).clone(), r);
+            out.push(r);
         }
         out
     }

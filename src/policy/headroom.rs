@@ -5,9 +5,6 @@
 //! gets a low ratio, drains, gets a high ratio, overloads. It stays selectable so the benchmark can
 //! show the difference.
 
-use std::collections::BTreeMap;
-
-use llm_lc_adapters::MemberId;
 use serde::Deserialize;
 
 use super::Inputs;
@@ -60,13 +57,14 @@ impl Headroom {
         Headroom { params }
     }
 
-    pub fn compute(&self, input: &Inputs<'_>) -> BTreeMap<MemberId, u32> {
+    pub fn compute(&self, input: &Inputs<'_>) -> Vec<u32> {
         let p = &self.params;
         let (lo, hi) = (input.range.min as f64, input.range.max as f64);
         input
             .fresh
             .iter()
-            .map(|(m, s)| {
+            .map(|f| {
+                let s = f.sample;
                 let busy = match s.kv_usage {
                     Some(kv) => kv,
                     None => s.running / p.running_norm,
@@ -74,7 +72,7 @@ impl Headroom {
                 let score = p.kv_weight * busy + p.queue_weight * s.waiting / p.queue_norm;
                 // Headroom 1/(1+score): full ratio when idle, half at a full cache, and still falling
                 // (never flat) as the queue grows, so more load never earns a higher ratio.
-                ((*m).clone(), input.range.clamp(lo + (hi - lo) / (1.0 + score)))
+                input.range.clamp(lo + (hi - lo) / (1.0 + score))
             })
             .collect()
     }

@@ -78,19 +78,30 @@ pub fn load(s: &Sample, queue_norm: f64, running_norm: f64) -> f64 {
 }
 
 /// Pool saturation for autoscalers: mean over fresh members of `min(1, load)`.
-pub fn saturation(fresh: &BTreeMap<&MemberId, &Sample>, queue_norm: f64, running_norm: f64) -> Option<f64> {
+pub fn saturation(fresh: &[Fresh<'_>], queue_norm: f64, running_norm: f64) -> Option<f64> {
     if fresh.is_empty() {
         return None;
     }
-    let total: f64 = fresh.values().map(|s| load(s, queue_norm, running_norm).min(1.0)).sum();
+    let total: f64 = fresh.iter().map(|f| load(f.sample, queue_norm, running_norm).min(1.0)).sum();
     Some(total / fresh.len() as f64)
 }
 
-/// One algorithm's view of a cycle: fresh samples and each member's starting ratio.
+/// A member with a fresh sample, as the algorithms see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Fresh<'a> {
+    /// Its position among the snapshot's members: the dense index of per-member memory.
+    pub index: usize,
+    pub id: &'a MemberId,
+    pub sample: &'a Sample,
+    /// Its starting ratio: its previous ratio, or the pool mean when it is new.
+    pub start: f64,
+}
+
+/// One algorithm's view of a cycle: the fresh members in member order, and the whole snapshot (its
+/// member list is what per-member memory is kept in line with).
 pub struct Inputs<'a> {
-    pub fresh: &'a BTreeMap<&'a MemberId, &'a Sample>,
-    /// Starting ratio per fresh member: its previous ratio, or the pool mean when it is new.
-    pub start: &'a BTreeMap<MemberId, f64>,
+    pub fresh: &'a [Fresh<'a>],
+    pub snapshot: &'a Snapshot,
     pub range: RatioRange,
 }
 
@@ -153,39 +164,38 @@ impl PoolPolicy {
 
     /// One cycle. `prev` is what the load balancer holds now (or what was last pushed).
     pub fn compute(&mut self, snap: &Snapshot, prev: &Ratios) -> Outcome {
-        let fresh: BTreeMap<&MemberId, &Sample> = snap
-            .members
-            .iter()
-            .filter_map(|(m, s)| s.as_ref().filter(|s| s.age <= self.stale_after).map(|s| (m, s)))
-            .collect();
-
-        // `prev` and the snapshot are both sorted by member: one merge pass instead of a lookup each.
-        let prev_of = aligned(snap.members.keys(), &prev.0);
+        // `prev` and the snapshot are both in member order: one walk instead of a lookup each.
+        let prev_of = prev.as_map().aligned(snap.members.keys());
         let known_prev: Vec<f64> =
-            prev_of.iter().flatten().map(|&r| self.range.clamp(r as f64) as f64).collect();
+            prev_of.iter().flatten().map(|&&r| self.range.clamp(r as f64) as f64).collect();
         let prev_mean = mean(&known_prev).unwrap_or_else(|| self.range.mid());
-        let start: BTreeMap<MemberId, f64> = snap
+        let fresh: Vec<Fresh<'_>> = snap
             .members
             .iter()
             .zip(&prev_of)
-            .filter(|((m, _), _)| fresh.contains_key(m))
-            .map(|((m, _), r)| (m.clone(), r.map(|r| self.range.clamp(r as f64) as f64).unwrap_or(prev_mean)))
+            .enumerate()
+            .filter_map(|(index, ((id, s), before))| {
+                let sample = s.as_ref().filter(|s| s.age <= self.stale_after)?;
+                let start = before.map(|&r| self.range.clamp(r as f64) as f64).unwrap_or(prev_mean);
+                Some(Fresh { index, id, sample, start })
+            })
             .collect();
 
-        let inputs = Inputs { fresh: &fresh, start: &start, range: self.range };
-        let computed = match &mut self.algo {
+        let inputs = Inputs { fresh: &fresh, snapshot: snap, range: self.range };
+        // One ratio per fresh member, in the same order.
+        let computed: Vec<u32> = match &mut self.algo {
             Algo::Headroom(h) => h.compute(&inputs),
             Algo::Feedback(f) => f.compute(&inputs),
             Algo::Capacity(c) => c.compute(&inputs),
         };
-        let computed_vals: Vec<f64> = computed.values().map(|&r| r as f64).collect();
+        let computed_vals: Vec<f64> = computed.iter().map(|&r| r as f64).collect();
         let pool_mean = self.range.clamp(mean(&computed_vals).unwrap_or(prev_mean));
 
         let mut out = Outcome { fresh: fresh.len(), ..Default::default() };
         let mut ratios = Vec::with_capacity(snap.members.len());
-        let computed_of = aligned(snap.members.keys(), &computed);
-        for ((m, r), before) in snap.members.keys().zip(computed_of).zip(&prev_of) {
-            if let Some(r) = r {
+        let mut fresh_out = fresh.iter().zip(&computed).peekable();
+        for (i, (m, before)) in snap.members.keys().zip(&prev_of).enumerate() {
+            if let Some((_, &r)) = fresh_out.next_if(|(f, _)| f.index == i) {
                 if !self.missing.is_empty() {
                     self.missing.remove(m);
                 }
@@ -195,8 +205,8 @@ impl PoolPolicy {
             let n = self.missing.entry(m.clone()).or_insert(0);
             *n += 1;
             match before {
-                Some(r) if *n <= self.grace_cycles => {
-                    ratios.push((m.clone(), self.range.clamp(*r as f64)));
+                Some(&r) if *n <= self.grace_cycles => {
+                    ratios.push((m.clone(), self.range.clamp(r as f64)));
                     out.held.push(m.clone());
                 }
                 _ => {
@@ -208,27 +218,12 @@ impl PoolPolicy {
         if !self.missing.is_empty() {
             self.missing.retain(|m, _| snap.members.contains_key(m));
         }
-        match &mut self.algo {
-            Algo::Feedback(f) => f.forget_except(snap),
-            Algo::Capacity(c) => c.forget_except(snap),
-            Algo::Headroom(_) => {}
-        }
         let (qn, rn) = self.norms();
         out.saturation = saturation(&fresh, qn, rn);
-        // Built from members in sorted order: a bulk load, not one insert each.
-        out.ratios = Ratios(ratios.into_iter().collect());
+        // Built in member order: taken as it is, no sorting.
+        out.ratios = ratios.into_iter().collect();
         out
     }
-}
-
-/// For each of `keys` (ascending), its value in `map`, walking both in order once.
-fn aligned<'a>(keys: impl Iterator<Item = &'a MemberId>, map: &BTreeMap<MemberId, u32>) -> Vec<Option<u32>> {
-    let mut it = map.iter().peekable();
-    keys.map(|k| {
-        while it.next_if(|(m, _)| *m < k).is_some() {}
-        it.next_if(|(m, _)| *m == k).map(|(_, &v)| v)
-    })
-    .collect()
 }
 
 fn mean(v: &[f64]) -> Option<f64> {

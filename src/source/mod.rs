@@ -18,7 +18,7 @@ pub use validate::redact_url;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use llm_lc_adapters::MemberId;
+use llm_lc_adapters::{MemberId, MemberMap};
 use regex::Regex;
 use thiserror::Error;
 
@@ -43,7 +43,8 @@ pub struct Sample {
 /// One pool's members and their samples; `None` means "no data", which policies treat as such.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
-    pub members: BTreeMap<MemberId, Option<Sample>>,
+    /// In member order: data of the same pool lines up by position (see [`MemberMap`]).
+    pub members: MemberMap<Option<Sample>>,
     /// Values refused on the way in.
     pub rejected: Vec<Rejected>,
     /// Members that could not be read this cycle, with a bounded reason (a metric label) and the
@@ -173,8 +174,9 @@ pub struct PoolQuery {
     pub join: Join,
 }
 
-/// Raw values per signal per member, before validation.
-pub type SignalValues = BTreeMap<Signal, BTreeMap<MemberId, f64>>;
+/// Raw values per signal per member, before validation. Filled in member order where a source reads
+/// members in order (appends); collected from unordered rows otherwise (one sort).
+pub type SignalValues = BTreeMap<Signal, MemberMap<f64>>;
 
 /// Turn raw per-signal values into a checked snapshot for `members`. `age_of` gives each member's age
 /// from its `Timestamp` value (or whatever the source knows).
@@ -184,8 +186,17 @@ pub fn assemble(
     age_of: impl Fn(&MemberId, Option<f64>) -> Duration,
 ) -> Snapshot {
     let mut snap = Snapshot::default();
-    let get = |s: Signal, m: &MemberId| values.get(&s).and_then(|v| v.get(m)).copied();
-    for m in members {
+    // Built in member order, so the snapshot is appended to, never searched, and each signal's
+    // values are read by walking them alongside the members.
+    let mut ordered: Vec<&MemberId> = members.iter().collect();
+    if !ordered.windows(2).all(|w| w[0] < w[1]) {
+        ordered.sort();
+        ordered.dedup();
+    }
+    let columns: BTreeMap<Signal, Vec<Option<f64>>> =
+        values.iter().map(|(s, v)| (*s, column(&ordered, v))).collect();
+    let get = |s: Signal, i: usize| columns.get(&s).and_then(|c| c[i]);
+    for (i, m) in ordered.into_iter().enumerate() {
         let mut bad = false;
         let mut check = |signal: Signal, v: Option<f64>, snap: &mut Snapshot| -> Option<f64> {
             let v = v?;
@@ -211,10 +222,10 @@ pub fn assemble(
                 None => Some(v),
             }
         };
-        let waiting = check(Signal::Waiting, get(Signal::Waiting, m), &mut snap);
-        let running = check(Signal::Running, get(Signal::Running, m), &mut snap);
-        let kv_usage = check(Signal::KvUsage, get(Signal::KvUsage, m), &mut snap);
-        let latency = check(Signal::Latency, get(Signal::Latency, m), &mut snap);
+        let waiting = check(Signal::Waiting, get(Signal::Waiting, i), &mut snap);
+        let running = check(Signal::Running, get(Signal::Running, i), &mut snap);
+        let kv_usage = check(Signal::KvUsage, get(Signal::KvUsage, i), &mut snap);
+        let latency = check(Signal::Latency, get(Signal::Latency, i), &mut snap);
         // A member with any core signal refused gets no sample at all: a half-valid sample would
         // look less loaded than it is.
         let sample = match (waiting, running, bad) {
@@ -223,13 +234,22 @@ pub fn assemble(
                 running,
                 kv_usage: kv_usage.map(|k| k.min(1.0)),
                 latency,
-                age: age_of(m, get(Signal::Timestamp, m)),
+                age: age_of(m, get(Signal::Timestamp, i)),
             }),
             _ => None,
         };
         snap.members.insert(m.clone(), sample);
     }
     snap
+}
+
+/// `values` read for each of `members` (ascending). A walk of both when they are of similar size
+/// (a pool's own values); lookups when the values cover far more members than the pool has.
+fn column(members: &[&MemberId], values: &MemberMap<f64>) -> Vec<Option<f64>> {
+    if values.len() > 4 * members.len() {
+        return members.iter().map(|m| values.get(m).copied()).collect();
+    }
+    values.aligned(members.iter().copied()).into_iter().map(|v| v.copied()).collect()
 }
 
 /// A configured source, ready to sample.

@@ -231,13 +231,15 @@ impl PrometheusSource {
                 }
                 None => continue,
             };
-            let slot = values.entry(*signal).or_default();
+            // Rows come in Prometheus' order: collected, then put in member order with one sort.
+            let mut column = Vec::with_capacity(rows.len());
             for (labels, ts, v) in rows {
                 let Some(label) = labels.get(&pool.join.label) else { continue };
                 let m = pool.join.member(label);
-                slot.insert(m.clone(), *v);
+                column.push((m.clone(), *v));
                 eval_time.insert(m, *ts);
             }
+            values.insert(*signal, column.into_iter().collect());
         }
         // Ages first: a member whose timestamp cannot be trusted gets no sample at all (an age of
         // zero would make garbage look fresh; an infinite one used to panic).

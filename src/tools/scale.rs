@@ -30,8 +30,10 @@ use crate::source::{assemble, SignalValues};
 
 const INTERVAL: Duration = Duration::from_secs(5);
 
-fn before_of(prev: &[Ratios], k: usize, m: &MemberId) -> Option<u32> {
-    prev[k].get(m)
+/// Members whose ratio differs from `before` (one walk of both, in member order).
+fn changed(now: &Ratios, before: &Ratios) -> usize {
+    let had = before.as_map().aligned(now.members());
+    now.iter().zip(had).filter(|((_, r), h)| *h != Some(r)).count()
 }
 
 /// Milliseconds per cycle of one stage: median, p99 (of the measured cycles) and max.
@@ -100,7 +102,7 @@ pub fn measure(pools: usize, members: usize, cycles: usize, seed: u64) -> anyhow
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut all: Vec<Pool> = (0..pools)
         .map(|p| {
-            let members: Vec<MemberId> = (0..members)
+            let mut members: Vec<MemberId> = (0..members)
                 .map(|m| {
                     let k = (p * members + m) as u32;
                     MemberId::new(format!(
@@ -109,6 +111,8 @@ pub fn measure(pools: usize, members: usize, cycles: usize, seed: u64) -> anyhow
                     ))
                 })
                 .collect();
+            // The controller keeps every pool's members in member order (see `controller::sorted`).
+            members.sort();
             let policy =
                 PoolPolicy::new(&cfg, range, Duration::from_secs(60), Duration::from_secs(30), INTERVAL);
             let mut settings = CycleSettings::new(range, OnStale::Hold, Duration::from_secs(300));
@@ -157,11 +161,7 @@ pub fn measure(pools: usize, members: usize, cycles: usize, seed: u64) -> anyhow
             let now = epoch + INTERVAL * cycle as u32;
             let step = pool.cycle.step(Sampled::Snapshot(&snap), &pool.members, now, true);
             if let Decision::Push(sent) = &step.decision {
-                let changed = step
-                    .policy
-                    .as_ref()
-                    .map(|o| o.ratios.iter().filter(|(m, r)| before_of(&pool_prev, k, m) != Some(*r)).count())
-                    .unwrap_or(0);
+                let changed = step.policy.as_ref().map(|o| changed(&o.ratios, &pool_prev[k])).unwrap_or(0);
                 changed_total += changed;
                 std::hint::black_box(sent);
                 pool.cycle.pushed(PushResult::Applied { changed }, now);

@@ -347,7 +347,7 @@ impl RatioSink for EnvoySink {
 
         let before = prev.map(|h| h.to_ratios()).unwrap_or_default();
         let after = next.held.to_ratios();
-        let touched: BTreeSet<&MemberId> = before.0.keys().chain(after.0.keys()).collect();
+        let touched: BTreeSet<&MemberId> = before.members().chain(after.members()).collect();
         let changed = touched.iter().filter(|m| before.get(m) != after.get(m)).count();
         let unchanged = after.iter().filter(|(m, r)| before.get(m) == Some(*r)).count();
         Ok(Applied { changed, unchanged, warnings })

@@ -78,13 +78,13 @@ impl AgentHandle {
     pub fn update(&self, percentages: &Ratios) -> usize {
         let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
         let changed = percentages.iter().filter(|(m, p)| table.get(*m) != Some(p)).count();
-        *table = percentages.0.clone();
+        *table = percentages.iter().map(|(m, p)| (m.clone(), p)).collect();
         changed
     }
 
     /// What the responder answers now.
     pub fn table(&self) -> Ratios {
-        Ratios(self.table.read().unwrap_or_else(|p| p.into_inner()).clone())
+        self.table.read().unwrap_or_else(|p| p.into_inner()).iter().map(|(m, p)| (m.clone(), *p)).collect()
     }
 
     pub fn local_addr(&self) -> SocketAddr {

@@ -465,7 +465,7 @@ impl HaproxySink {
                     self.map.max_weight, mapped.weight
                 ));
             }
-            percentages.0.insert(member.clone(), mapped.weight);
+            percentages.insert(member.clone(), mapped.weight);
         }
         // The agent cannot see servers it has no ratio for; refusing an all-zero table is the closest
         // it gets to "never drain the whole backend".
@@ -503,10 +503,10 @@ impl HaproxySink {
     /// `ratio_max`), plus every member of the last `apply` under its own id, reported as the ratio
     /// applied while its servers still have the weight it became, else their weight converted back.
     fn current_of(&self, servers: &[state::ServerState], last: &BTreeMap<MemberId, (u32, u32)>) -> Ratios {
-        let mut out = Ratios::default();
+        let mut out = BTreeMap::new();
         for s in servers {
             if let Some(id) = s.member_id() {
-                out.0.entry(id).or_insert(self.map.ratio(s.weight));
+                out.entry(id).or_insert(self.map.ratio(s.weight));
             }
         }
         let index = plan::ServerIndex::new(servers);
@@ -515,9 +515,9 @@ impl HaproxySink {
             let Some(first) = found.first() else { continue };
             let value =
                 if found.iter().all(|s| s.weight == *weight) { *ratio } else { self.map.ratio(first.weight) };
-            out.0.insert(member.clone(), value);
+            out.insert(member.clone(), value);
         }
-        out
+        out.into_iter().collect()
     }
 }
 
@@ -629,12 +629,10 @@ impl RatioSink for HaproxySink {
                 None => out = Some(here),
                 Some(acc) => {
                     for (m, v) in here.iter() {
-                        match acc.0.get(m) {
-                            None => {
-                                acc.0.insert(m.clone(), v);
-                            }
-                            Some(&seen) if seen != v && last.get(m).map(|l| l.0) == Some(seen) => {
-                                acc.0.insert(m.clone(), v);
+                        match acc.get(m) {
+                            None => acc.insert(m.clone(), v),
+                            Some(seen) if seen != v && last.get(m).map(|l| l.0) == Some(seen) => {
+                                acc.insert(m.clone(), v)
                             }
                             Some(_) => {}
                         }

@@ -334,7 +334,7 @@ mod tests {
         // Draining one member does not make the all-zero check quadratic either.
         let drain = WeightMap { allow_drain: true, ..MAP };
         let mut zeros = desired.clone();
-        zeros.0.insert(MemberId::from("10.0.0.0:8000"), 0);
+        zeros.insert(MemberId::from("10.0.0.0:8000"), 0);
         let started = std::time::Instant::now();
         plan(&servers, &zeros, &drain, MatchBy::Name, "be").unwrap();
         assert!(started.elapsed() < std::time::Duration::from_millis(500), "{:?}", started.elapsed());
