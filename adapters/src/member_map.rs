@@ -101,8 +101,15 @@ impl<V> MemberMap<V> {
         self.0.retain_mut(|(k, v)| keep(k, v));
     }
 
-    /// For each of `keys` (ascending), its value here: one walk of both, no lookups.
-    pub fn aligned<'a, 'k>(&'a self, keys: impl Iterator<Item = &'k MemberId>) -> Vec<Option<&'a V>> {
+    /// For each of `keys` (ascending), its value here: one walk of both, no lookups; or, when this
+    /// map is far larger than `keys` (a few members out of a whole query's rows), a lookup each.
+    pub fn aligned<'a, 'k>(
+        &'a self,
+        keys: impl ExactSizeIterator<Item = &'k MemberId>,
+    ) -> Vec<Option<&'a V>> {
+        if self.0.len() > 4 * keys.len() {
+            return keys.map(|k| self.get(k)).collect();
+        }
         let mut it = self.0.iter().peekable();
         keys.map(|k| {
             while it.next_if(|(m, _)| m < k).is_some() {}

@@ -140,6 +140,12 @@ pub struct Join {
 }
 
 impl Join {
+    /// What makes two joins turn the same label values into the same members (label, regex,
+    /// replacement): pools with equal keys can share one index of a query's rows.
+    pub fn key(&self) -> (&str, Option<(&str, &str)>) {
+        (&self.label, self.rewrite.as_ref().map(|(re, rep)| (re.as_str(), rep.as_str())))
+    }
+
     pub fn new(cfg: &JoinConfig) -> Result<Join, SourceError> {
         let rewrite = match &cfg.regex {
             Some(r) => {
@@ -243,12 +249,8 @@ pub fn assemble(
     snap
 }
 
-/// `values` read for each of `members` (ascending). A walk of both when they are of similar size
-/// (a pool's own values); lookups when the values cover far more members than the pool has.
+/// `values` read for each of `members` (ascending), see [`MemberMap::aligned`].
 fn column(members: &[&MemberId], values: &MemberMap<f64>) -> Vec<Option<f64>> {
-    if values.len() > 4 * members.len() {
-        return members.iter().map(|m| values.get(m).copied()).collect();
-    }
     values.aligned(members.iter().copied()).into_iter().map(|v| v.copied()).collect()
 }
 

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::join_all;
-use llm_lc_adapters::{MemberId, SecretRef};
+use llm_lc_adapters::{MemberId, MemberMap, SecretRef};
 use serde::Deserialize;
 
 use super::{
@@ -42,6 +42,25 @@ pub struct PrometheusSource {
 
 /// Raw rows of one query: the label set and the sample `(timestamp, value)`.
 type Rows = Vec<(HashMap<String, String>, f64, f64)>;
+
+/// A query's rows by member (value, evaluation time), built once per cycle for each join that
+/// reads them. Rows come in Prometheus' order; one sort puts them in member order, and a member
+/// given twice keeps its last row.
+#[derive(Default)]
+struct RowIndex<'q> {
+    built: HashMap<(&'q str, String), MemberMap<(f64, f64)>>,
+}
+
+impl<'q> RowIndex<'q> {
+    fn of(&mut self, query: &'q str, rows: &Rows, join: &Join) -> &MemberMap<(f64, f64)> {
+        let key = (query, format!("{:?}", join.key()));
+        self.built.entry(key).or_insert_with(|| {
+            rows.iter()
+                .filter_map(|(labels, ts, v)| Some((join.member(labels.get(&join.label)?), (*v, *ts))))
+                .collect()
+        })
+    }
+}
 
 #[derive(Deserialize)]
 struct Answer {
@@ -209,37 +228,43 @@ impl PrometheusSource {
         let results = join_all(queries).await;
         let by_query: BTreeMap<&str, Result<Rows, SourceError>> = distinct.into_iter().zip(results).collect();
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
-        pools.iter().map(|pool| self.pool_snapshot(pool, &by_query, now)).collect()
+        // Each query's rows are indexed by member once per join, not once per pool: 1,000 pools
+        // sharing one query would otherwise each walk every row.
+        let mut index = RowIndex::default();
+        pools.iter().map(|pool| self.pool_snapshot(pool, &by_query, &mut index, now)).collect()
     }
 
-    fn pool_snapshot(
+    fn pool_snapshot<'q>(
         &self,
         pool: &PoolQuery,
-        by_query: &BTreeMap<&str, Result<Rows, SourceError>>,
+        by_query: &'q BTreeMap<&'q str, Result<Rows, SourceError>>,
+        index: &mut RowIndex<'q>,
         now: f64,
     ) -> Result<Snapshot, SourceError> {
         let mut values = SignalValues::new();
-        let mut eval_time: BTreeMap<MemberId, f64> = BTreeMap::new();
+        let mut eval_time: MemberMap<f64> = MemberMap::default();
         for (signal, q) in &pool.queries {
-            let rows = match by_query.get(q.as_str()) {
-                Some(Ok(rows)) => rows,
+            let (query, rows) = match by_query.get_key_value(q.as_str()) {
+                Some((query, Ok(rows))) => (*query, rows),
                 // Without the core signals nothing is known; optional ones just go missing.
-                Some(Err(e)) if matches!(signal, Signal::Waiting | Signal::Running) => return Err(e.clone()),
-                Some(Err(e)) => {
+                Some((_, Err(e))) if matches!(signal, Signal::Waiting | Signal::Running) => {
+                    return Err(e.clone())
+                }
+                Some((_, Err(e))) => {
                     tracing::debug!(source = %self.name, signal = signal.as_str(), error = %e, "optional signal unavailable");
                     continue;
                 }
                 None => continue,
             };
-            // Rows come in Prometheus' order: collected, then put in member order with one sort.
-            let mut column = Vec::with_capacity(rows.len());
-            for (labels, ts, v) in rows {
-                let Some(label) = labels.get(&pool.join.label) else { continue };
-                let m = pool.join.member(label);
-                column.push((m.clone(), *v));
-                eval_time.insert(m, *ts);
+            let by_member = index.of(query, rows, &pool.join);
+            let mut column = MemberMap::default();
+            for (m, found) in pool.members.iter().zip(by_member.aligned(pool.members.iter())) {
+                if let Some(&(v, ts)) = found {
+                    column.insert(m.clone(), v);
+                    eval_time.insert(m.clone(), ts);
+                }
             }
-            values.insert(*signal, column.into_iter().collect());
+            values.insert(*signal, column);
         }
         // Ages first: a member whose timestamp cannot be trusted gets no sample at all (an age of
         // zero would make garbage look fresh; an infinite one used to panic).
@@ -323,6 +348,39 @@ fn excerpt(body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::JoinConfig;
+
+    #[test]
+    fn a_querys_rows_are_indexed_once_per_join_and_a_repeated_member_keeps_its_last_row() {
+        let row = |instance: &str, pod: &str, v: f64| {
+            let labels = [("instance", instance), ("pod", pod)].map(|(k, v)| (k.to_string(), v.to_string()));
+            (labels.into_iter().collect::<HashMap<_, _>>(), 100.0 + v, v)
+        };
+        let rows: Rows =
+            vec![row("b:1", "vllm-2", 2.0), row("a:1", "vllm-1", 1.0), row("b:1", "vllm-3", 3.0)];
+        let by_instance = Join::new(&JoinConfig { label: "instance".into(), regex: None, replacement: None })
+            .expect("join");
+        let by_pod = Join::new(&JoinConfig {
+            label: "pod".into(),
+            regex: Some("vllm-(\\d+)".into()),
+            replacement: Some("10.0.0.$1:8000".into()),
+        })
+        .expect("join");
+        let mut index = RowIndex::default();
+        let got = index.of("q", &rows, &by_instance).clone();
+        assert_eq!(
+            got.iter().map(|(m, v)| (m.as_str(), *v)).collect::<Vec<_>>(),
+            [("a:1", (1.0, 101.0)), ("b:1", (3.0, 103.0))]
+        );
+        let pods = index.of("q", &rows, &by_pod);
+        assert_eq!(
+            pods.keys().map(|m| m.as_str()).collect::<Vec<_>>(),
+            ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+        );
+        // A second pool with the same join shares the first index.
+        let _ = index.of("q", &rows, &by_instance);
+        assert_eq!(index.built.len(), 2);
+    }
 
     #[test]
     fn timestamps_that_are_not_finite_or_in_the_future_are_refused() {
