@@ -17,6 +17,6 @@ pub mod types;
 pub mod webhook;
 
 pub use error::SinkError;
-pub use member_map::MemberMap;
+pub use member_map::{Aligned, MemberMap};
 pub use sink::{build_sink, Applied, InstanceStatus, RatioSink, SinkConfig, SinkContext};
 pub use types::{MemberId, Ratios, SecretRef};

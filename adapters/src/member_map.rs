@@ -27,6 +27,12 @@ impl<V> Default for MemberMap<V> {
 }
 
 impl<V> MemberMap<V> {
+    /// An empty map with room for `n` members: a pool's maps are rebuilt every cycle at the same
+    /// size, so growing them one member at a time would reallocate several times per map.
+    pub fn with_capacity(n: usize) -> Self {
+        MemberMap(Vec::with_capacity(n))
+    }
+
     fn position(&self, m: &MemberId) -> Result<usize, usize> {
         self.0.binary_search_by(|(k, _)| k.cmp(m))
     }
@@ -97,25 +103,26 @@ impl<V> MemberMap<V> {
         self.0.get_mut(i).map(|(_, v)| v)
     }
 
+    /// The same members, each with a value computed from its own (in order; nothing to sort or
+    /// check, the keys are already ordered).
+    pub fn map<U>(&self, mut f: impl FnMut(&MemberId, &V) -> U) -> MemberMap<U> {
+        MemberMap(self.0.iter().map(|(k, v)| (k.clone(), f(k, v))).collect())
+    }
+
     pub fn retain(&mut self, mut keep: impl FnMut(&MemberId, &mut V) -> bool) {
         self.0.retain_mut(|(k, v)| keep(k, v));
     }
 
     /// For each of `keys` (ascending), its value here: one walk of both, no lookups; or, when this
     /// map is far larger than `keys` (a few members out of a whole query's rows), a lookup each.
-    pub fn aligned<'a, 'k>(
-        &'a self,
-        keys: impl ExactSizeIterator<Item = &'k MemberId>,
-    ) -> Vec<Option<&'a V>> {
-        if self.0.len() > 4 * keys.len() {
-            return keys.map(|k| self.get(k)).collect();
-        }
-        let mut it = self.0.iter().peekable();
-        keys.map(|k| {
-            while it.next_if(|(m, _)| m < k).is_some() {}
-            it.next_if(|(m, _)| m == k).map(|(_, v)| v)
-        })
-        .collect()
+    /// Lazy, so a cycle that only walks the result allocates nothing.
+    pub fn aligned<'a, K>(&'a self, keys: K) -> Aligned<'a, V, K>
+    where
+        K: ExactSizeIterator,
+        K::Item: std::borrow::Borrow<MemberId>,
+    {
+        let lookup = self.0.len() > 4 * keys.len();
+        Aligned { rows: &self.0, pos: 0, keys, lookup }
     }
 
     /// Make this map hold exactly `keys` (ascending), in their order: values of members already
@@ -139,6 +146,52 @@ impl<V> MemberMap<V> {
         }
         self.0 = next;
     }
+}
+
+/// The values of a [`MemberMap`] for a run of ascending member ids (see [`MemberMap::aligned`]).
+pub struct Aligned<'a, V, K> {
+    rows: &'a [(MemberId, V)],
+    pos: usize,
+    keys: K,
+    lookup: bool,
+}
+
+impl<'a, V, K> Iterator for Aligned<'a, V, K>
+where
+    K: Iterator,
+    K::Item: std::borrow::Borrow<MemberId>,
+{
+    type Item = Option<&'a V>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        use std::borrow::Borrow;
+        let key = self.keys.next()?;
+        let k: &MemberId = key.borrow();
+        if self.lookup {
+            return Some(self.rows.binary_search_by(|(m, _)| m.cmp(k)).ok().map(|i| &self.rows[i].1));
+        }
+        while self.rows.get(self.pos).is_some_and(|(m, _)| m < k) {
+            self.pos += 1;
+        }
+        match self.rows.get(self.pos) {
+            Some((m, v)) if m == k => {
+                self.pos += 1;
+                Some(Some(v))
+            }
+            _ => Some(None),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.keys.size_hint()
+    }
+}
+
+impl<V, K> ExactSizeIterator for Aligned<'_, V, K>
+where
+    K: ExactSizeIterator,
+    K::Item: std::borrow::Borrow<MemberId>,
+{
 }
 
 impl<V> FromIterator<(MemberId, V)> for MemberMap<V> {
@@ -251,7 +304,7 @@ mod tests {
     fn aligned_walks_both_in_order() {
         let m: MemberMap<u32> = ids(&["a:1", "c:1"]).into_iter().zip([1, 3]).collect();
         let keys = ids(&["a:1", "b:1", "c:1", "d:1"]);
-        assert_eq!(m.aligned(keys.iter()), [Some(&1), None, Some(&3), None]);
+        assert_eq!(m.aligned(keys.iter()).collect::<Vec<_>>(), [Some(&1), None, Some(&3), None]);
     }
 
     #[test]

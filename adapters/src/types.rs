@@ -101,9 +101,23 @@ impl From<String> for MemberId {
 
 /// One integer ratio per member of a pool, in member order, so output and pushes are deterministic.
 /// Serialized as a map (`{"id": ratio}`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Ratios(MemberMap<u32>);
+///
+/// Shared: a cycle hands the same ratios to its report, its memory and the push in flight, so a
+/// copy is a reference count, not a map; changing a shared one copies it first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ratios(Arc<MemberMap<u32>>);
+
+impl Serialize for Ratios {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Ratios {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        MemberMap::deserialize(d).map(Ratios::from)
+    }
+}
 
 impl Ratios {
     pub fn get(&self, m: &MemberId) -> Option<u32> {
@@ -130,7 +144,7 @@ impl Ratios {
 
     /// Set one member's ratio (inserted in order when new).
     pub fn insert(&mut self, m: MemberId, ratio: u32) {
-        self.0.insert(m, ratio);
+        Arc::make_mut(&mut self.0).insert(m, ratio);
     }
 
     /// The ratios as a member map (for merging with other member-ordered data).
@@ -144,9 +158,15 @@ impl Ratios {
     }
 }
 
+impl From<MemberMap<u32>> for Ratios {
+    fn from(m: MemberMap<u32>) -> Self {
+        Ratios(Arc::new(m))
+    }
+}
+
 impl FromIterator<(MemberId, u32)> for Ratios {
     fn from_iter<I: IntoIterator<Item = (MemberId, u32)>>(iter: I) -> Self {
-        Ratios(iter.into_iter().collect())
+        Ratios(Arc::new(iter.into_iter().collect()))
     }
 }
 

@@ -73,18 +73,11 @@ impl ChangeFilter {
     /// The ratios to send: `desired` where the change is worth a write, the value last written
     /// otherwise. Members never written get their desired ratio.
     pub fn filter(&self, desired: &Ratios, now: Instant) -> Ratios {
-        let sent = self.sent.aligned(desired.members());
-        desired
-            .iter()
-            .zip(sent)
-            .map(|((m, want), sent)| {
-                let send = match sent {
-                    Some(&(had, at)) if had != want && !self.worth_writing(had, want, at, now) => had,
-                    _ => want,
-                };
-                (m.clone(), send)
-            })
-            .collect()
+        let mut sent = self.sent.aligned(desired.members());
+        Ratios::from(desired.as_map().map(|_, &want| match sent.next().flatten() {
+            Some(&(had, at)) if had != want && !self.worth_writing(had, want, at, now) => had,
+            _ => want,
+        }))
     }
 
     fn worth_writing(&self, had: u32, want: u32, at: Instant, now: Instant) -> bool {
@@ -98,15 +91,11 @@ impl ChangeFilter {
 
     /// The load balancer accepted `sent` at `now`. Members that left the pool are forgotten.
     pub fn committed(&mut self, sent: &Ratios, now: Instant) {
-        let before = self.sent.aligned(sent.members());
-        let next = sent
-            .iter()
-            .zip(before)
-            .map(|((m, r), had)| match had {
-                Some(&(was, at)) if was == r => (m.clone(), (r, at)),
-                _ => (m.clone(), (r, now)),
-            })
-            .collect();
+        let mut before = self.sent.aligned(sent.members());
+        let next = sent.as_map().map(|_, &r| match before.next().flatten() {
+            Some(&(was, at)) if was == r => (r, at),
+            _ => (r, now),
+        });
         self.sent = next;
     }
 }

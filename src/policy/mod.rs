@@ -165,21 +165,20 @@ impl PoolPolicy {
     /// One cycle. `prev` is what the load balancer holds now (or what was last pushed).
     pub fn compute(&mut self, snap: &Snapshot, prev: &Ratios) -> Outcome {
         // `prev` and the snapshot are both in member order: one walk instead of a lookup each.
-        let prev_of = prev.as_map().aligned(snap.members.keys());
-        let known_prev: Vec<f64> =
-            prev_of.iter().flatten().map(|&&r| self.range.clamp(r as f64) as f64).collect();
-        let prev_mean = mean(&known_prev).unwrap_or_else(|| self.range.mid());
-        let fresh: Vec<Fresh<'_>> = snap
-            .members
+        let prev_of: Vec<Option<&u32>> = prev.as_map().aligned(snap.members.keys()).collect();
+        let (known_sum, known_n) = prev_of
             .iter()
-            .zip(&prev_of)
-            .enumerate()
-            .filter_map(|(index, ((id, s), before))| {
+            .flatten()
+            .fold((0.0, 0usize), |(sum, n), &&r| (sum + self.range.clamp(r as f64) as f64, n + 1));
+        let prev_mean = if known_n > 0 { known_sum / known_n as f64 } else { self.range.mid() };
+        let mut fresh: Vec<Fresh<'_>> = Vec::with_capacity(snap.members.len());
+        fresh.extend(snap.members.iter().zip(&prev_of).enumerate().filter_map(
+            |(index, ((id, s), before))| {
                 let sample = s.as_ref().filter(|s| s.age <= self.stale_after)?;
                 let start = before.map(|&r| self.range.clamp(r as f64) as f64).unwrap_or(prev_mean);
                 Some(Fresh { index, id, sample, start })
-            })
-            .collect();
+            },
+        ));
 
         let inputs = Inputs { fresh: &fresh, snapshot: snap, range: self.range };
         // One ratio per fresh member, in the same order.
@@ -188,46 +187,46 @@ impl PoolPolicy {
             Algo::Feedback(f) => f.compute(&inputs),
             Algo::Capacity(c) => c.compute(&inputs),
         };
-        let computed_vals: Vec<f64> = computed.iter().map(|&r| r as f64).collect();
-        let pool_mean = self.range.clamp(mean(&computed_vals).unwrap_or(prev_mean));
+        let computed_mean = (!computed.is_empty())
+            .then(|| computed.iter().map(|&r| r as f64).sum::<f64>() / computed.len() as f64);
+        let pool_mean = self.range.clamp(computed_mean.unwrap_or(prev_mean));
 
         let mut out = Outcome { fresh: fresh.len(), ..Default::default() };
-        let mut ratios = Vec::with_capacity(snap.members.len());
         let mut fresh_out = fresh.iter().zip(&computed).peekable();
-        for (i, (m, before)) in snap.members.keys().zip(&prev_of).enumerate() {
-            if let Some((_, &r)) = fresh_out.next_if(|(f, _)| f.index == i) {
+        let mut prev_of = prev_of.into_iter();
+        let mut i = 0;
+        // Built from the snapshot's members, so already in member order.
+        let ratios = snap.members.map(|m, _| {
+            let before = prev_of.next().flatten();
+            let index = i;
+            i += 1;
+            if let Some((_, &r)) = fresh_out.next_if(|(f, _)| f.index == index) {
                 if !self.missing.is_empty() {
                     self.missing.remove(m);
                 }
-                ratios.push((m.clone(), self.range.clamp(r as f64)));
-                continue;
+                return self.range.clamp(r as f64);
             }
             let n = self.missing.entry(m.clone()).or_insert(0);
             *n += 1;
             match before {
                 Some(&r) if *n <= self.grace_cycles => {
-                    ratios.push((m.clone(), self.range.clamp(r as f64)));
                     out.held.push(m.clone());
+                    self.range.clamp(r as f64)
                 }
                 _ => {
-                    ratios.push((m.clone(), pool_mean));
                     out.defaulted.push(m.clone());
+                    pool_mean
                 }
             }
-        }
+        });
         if !self.missing.is_empty() {
             self.missing.retain(|m, _| snap.members.contains_key(m));
         }
         let (qn, rn) = self.norms();
         out.saturation = saturation(&fresh, qn, rn);
-        // Built in member order: taken as it is, no sorting.
-        out.ratios = ratios.into_iter().collect();
+        out.ratios = Ratios::from(ratios);
         out
     }
-}
-
-fn mean(v: &[f64]) -> Option<f64> {
-    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 #[cfg(test)]

@@ -199,9 +199,13 @@ pub fn assemble(
         ordered.sort();
         ordered.dedup();
     }
-    let columns: BTreeMap<Signal, Vec<Option<f64>>> =
-        values.iter().map(|(s, v)| (*s, column(&ordered, v))).collect();
-    let get = |s: Signal, i: usize| columns.get(&s).and_then(|c| c[i]);
+    // One column per signal, indexed by the signal's position: read five times per member.
+    let mut columns: [Option<Vec<Option<f64>>>; Signal::COUNT] = Default::default();
+    for (s, v) in values {
+        columns[*s as usize] = Some(column(&ordered, v));
+    }
+    let get = |s: Signal, i: usize| columns[s as usize].as_ref().and_then(|c| c[i]);
+    snap.members = MemberMap::with_capacity(ordered.len());
     for (i, m) in ordered.into_iter().enumerate() {
         let mut bad = false;
         let mut check = |signal: Signal, v: Option<f64>, snap: &mut Snapshot| -> Option<f64> {
@@ -251,7 +255,7 @@ pub fn assemble(
 
 /// `values` read for each of `members` (ascending), see [`MemberMap::aligned`].
 fn column(members: &[&MemberId], values: &MemberMap<f64>) -> Vec<Option<f64>> {
-    values.aligned(members.iter().copied()).into_iter().map(|v| v.copied()).collect()
+    values.aligned(members.iter().copied()).map(|v| v.copied()).collect()
 }
 
 /// A configured source, ready to sample.

@@ -141,7 +141,12 @@ pub enum Signal {
     Timestamp,
 }
 
+const _: () = assert!(Signal::Timestamp as usize + 1 == Signal::COUNT, "Signal::COUNT is stale");
+
 impl Signal {
+    /// How many signals there are (for arrays indexed by `signal as usize`).
+    pub const COUNT: usize = 5;
+
     pub fn as_str(self) -> &'static str {
         match self {
             Signal::Waiting => "waiting",

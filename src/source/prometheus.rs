@@ -242,7 +242,7 @@ impl PrometheusSource {
         now: f64,
     ) -> Result<Snapshot, SourceError> {
         let mut values = SignalValues::new();
-        let mut eval_time: MemberMap<f64> = MemberMap::default();
+        let mut eval_time: MemberMap<f64> = MemberMap::with_capacity(pool.members.len());
         for (signal, q) in &pool.queries {
             let (query, rows) = match by_query.get_key_value(q.as_str()) {
                 Some((query, Ok(rows))) => (*query, rows),
@@ -257,7 +257,7 @@ impl PrometheusSource {
                 None => continue,
             };
             let by_member = index.of(query, rows, &pool.join);
-            let mut column = MemberMap::default();
+            let mut column = MemberMap::with_capacity(pool.members.len());
             for (m, found) in pool.members.iter().zip(by_member.aligned(pool.members.iter())) {
                 if let Some(&(v, ts)) = found {
                     column.insert(m.clone(), v);

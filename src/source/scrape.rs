@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
-use llm_lc_adapters::{MemberId, SecretRef};
+use llm_lc_adapters::{MemberId, MemberMap, SecretRef};
 
 use super::exposition::{ReadError, Reader, Reading, Wanted};
 use super::profile::MetricNames;
@@ -202,7 +202,8 @@ fn pool_snapshot(
         ages.insert(m, at.elapsed());
         let mut put = |s: Signal, v: Option<f64>| {
             if let Some(v) = v {
-                values.entry(s).or_default().insert(m.clone(), v);
+                let n = pool.members.len();
+                values.entry(s).or_insert_with(|| MemberMap::with_capacity(n)).insert(m.clone(), v);
             }
         };
         // The first name present wins: one profile reads servers on both sides of a rename.

@@ -17,7 +17,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use llm_lc_adapters::{MemberId, Ratios};
+use llm_lc_adapters::{MemberId, MemberMap, Ratios};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -150,12 +150,15 @@ pub fn measure(pools: usize, members: usize, cycles: usize, seed: u64) -> anyhow
         let cycle_start = Instant::now();
         for (k, (pool, world)) in all.iter_mut().zip(&worlds).enumerate() {
             let t0 = Instant::now();
-            let mut values: SignalValues = BTreeMap::new();
-            for (m, &(waiting, running, kv)) in pool.members.iter().zip(world) {
-                values.entry(Signal::Waiting).or_default().insert(m.clone(), waiting);
-                values.entry(Signal::Running).or_default().insert(m.clone(), running);
-                values.entry(Signal::KvUsage).or_default().insert(m.clone(), kv);
-            }
+            // As the sources build them: one column per signal, in member order.
+            let column = |f: fn(&(f64, f64, f64)) -> f64| -> MemberMap<f64> {
+                pool.members.iter().zip(world).map(|(m, w)| (m.clone(), f(w))).collect()
+            };
+            let values: SignalValues = BTreeMap::from([
+                (Signal::Waiting, column(|w| w.0)),
+                (Signal::Running, column(|w| w.1)),
+                (Signal::KvUsage, column(|w| w.2)),
+            ]);
             let snap = assemble(&pool.members, &values, |_, _| Duration::from_secs(2));
             let t1 = Instant::now();
             let now = epoch + INTERVAL * cycle as u32;
