@@ -18,7 +18,7 @@ pub use validate::redact_url;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use llm_lc_adapters::{MemberId, MemberMap};
+use llm_lc_adapters::{Aligned, MemberId, MemberMap};
 use regex::Regex;
 use thiserror::Error;
 
@@ -193,20 +193,32 @@ pub fn assemble(
 ) -> Snapshot {
     let mut snap = Snapshot::default();
     // Built in member order, so the snapshot is appended to, never searched, and each signal's
-    // values are read by walking them alongside the members.
-    let mut ordered: Vec<&MemberId> = members.iter().collect();
-    if !ordered.windows(2).all(|w| w[0] < w[1]) {
-        ordered.sort();
-        ordered.dedup();
-    }
-    // One column per signal, indexed by the signal's position: read five times per member.
-    let mut columns: [Option<Vec<Option<f64>>>; Signal::COUNT] = Default::default();
+    // values are read by walking them alongside the members. Pools keep their members sorted; only
+    // other callers pay for sorting here.
+    let sorted;
+    let ordered: &[MemberId] = if members.windows(2).all(|w| w[0] < w[1]) {
+        members
+    } else {
+        let mut v = members.to_vec();
+        v.sort();
+        v.dedup();
+        sorted = v;
+        &sorted
+    };
+    // One walk per signal, in step with the members, indexed by the signal's position.
+    let mut walks: [Option<Aligned<'_, f64, std::slice::Iter<'_, MemberId>>>; Signal::COUNT] =
+        Default::default();
     for (s, v) in values {
-        columns[*s as usize] = Some(column(&ordered, v));
+        walks[*s as usize] = Some(v.aligned(ordered.iter()));
     }
-    let get = |s: Signal, i: usize| columns[s as usize].as_ref().and_then(|c| c[i]);
     snap.members = MemberMap::with_capacity(ordered.len());
-    for (i, m) in ordered.into_iter().enumerate() {
+    for m in ordered {
+        // Every walk moves one member on, whether or not its value is used.
+        let mut raw = [None; Signal::COUNT];
+        for (slot, walk) in raw.iter_mut().zip(&mut walks) {
+            *slot = walk.as_mut().and_then(|w| w.next().flatten().copied());
+        }
+        let get = |s: Signal| raw[s as usize];
         let mut bad = false;
         let mut check = |signal: Signal, v: Option<f64>, snap: &mut Snapshot| -> Option<f64> {
             let v = v?;
@@ -232,10 +244,10 @@ pub fn assemble(
                 None => Some(v),
             }
         };
-        let waiting = check(Signal::Waiting, get(Signal::Waiting, i), &mut snap);
-        let running = check(Signal::Running, get(Signal::Running, i), &mut snap);
-        let kv_usage = check(Signal::KvUsage, get(Signal::KvUsage, i), &mut snap);
-        let latency = check(Signal::Latency, get(Signal::Latency, i), &mut snap);
+        let waiting = check(Signal::Waiting, get(Signal::Waiting), &mut snap);
+        let running = check(Signal::Running, get(Signal::Running), &mut snap);
+        let kv_usage = check(Signal::KvUsage, get(Signal::KvUsage), &mut snap);
+        let latency = check(Signal::Latency, get(Signal::Latency), &mut snap);
         // A member with any core signal refused gets no sample at all: a half-valid sample would
         // look less loaded than it is.
         let sample = match (waiting, running, bad) {
@@ -244,18 +256,13 @@ pub fn assemble(
                 running,
                 kv_usage: kv_usage.map(|k| k.min(1.0)),
                 latency,
-                age: age_of(m, get(Signal::Timestamp, i)),
+                age: age_of(m, get(Signal::Timestamp)),
             }),
             _ => None,
         };
         snap.members.insert(m.clone(), sample);
     }
     snap
-}
-
-/// `values` read for each of `members` (ascending), see [`MemberMap::aligned`].
-fn column(members: &[&MemberId], values: &MemberMap<f64>) -> Vec<Option<f64>> {
-    values.aligned(members.iter().copied()).map(|v| v.copied()).collect()
 }
 
 /// A configured source, ready to sample.
