@@ -16,6 +16,10 @@
 //! `/v1/ratios`). [`config`] aggregates each module's config; [`leader`] and [`reload`] are inputs
 //! to the loop (leadership, a new config).
 //!
+//! Per-member data of a pool (samples, ratios, policy memory, what was last written) is held in
+//! member order as `adapters::MemberMap`, so the stages of a cycle line up by position and merge
+//! by walking side by side: a cycle's cost grows with members, not with the shape of the pools.
+//!
 //! The tools live in crates of their own that never depend on this one: `llm-lc-sim` (simulated vLLM
 //! fleet), `llm-lc-balance` (pickers), `llm-lc-proxy` (reference proxy), `llm-lc-bench` (virtual-time
 //! benchmark) and `llm-lc-demo`. With the `tools` feature (on by default) [`tools`] hands them the
