@@ -5,7 +5,8 @@
 # Nothing is started here; each test starts its own servers on free loopback ports and stops them.
 # kubectl renders the kustomize overlays (installed from the machine's apt sources when missing;
 # the overlay test fails without it unless LLMLC_ALLOW_NO_KUBECTL=1). The `ads` feature (gRPC xDS
-# for Envoy) is built and tested too.
+# for Envoy) is built and tested too. guidellm (PyPI, with torch) goes into a venv under target/
+# when the disk has 20 GB free.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,13 +65,44 @@ for bin in prometheus haproxy envoy openssl tclsh chromium; do
   command -v "$bin" >/dev/null || { echo "missing $bin after install" >&2; exit 1; }
 done
 
+# guidellm (the vLLM project's load tester) for tests/proxy_guidellm.rs. It pulls torch with CUDA
+# wheels (about 6 GB), so it goes into its own venv under target/, only where the disk has room,
+# and installs in the background while the tests build.
+gl_pid=
+gl_venv="$PWD/target/guidellm-venv"
+if [ -z "${GUIDELLM:-}" ] && ! command -v guidellm >/dev/null; then
+  if [ -x "$gl_venv/bin/guidellm" ]; then
+    export GUIDELLM="$gl_venv/bin/guidellm"
+  elif [ "$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')" -ge 20 ]; then
+    echo "installing guidellm into $gl_venv (background)"
+    mkdir -p target
+    ( python3 -m venv "$gl_venv" && "$gl_venv/bin/pip" install -q guidellm ) >target/guidellm-install.log 2>&1 &
+    gl_pid=$!
+  else
+    echo "WARNING: less than 20 GB free; guidellm (~6 GB) not installed, its test will skip" >&2
+  fi
+fi
+wait_for_guidellm() {
+  [ -n "$gl_pid" ] || return 0
+  if wait "$gl_pid" && [ -x "$gl_venv/bin/guidellm" ]; then
+    export GUIDELLM="$gl_venv/bin/guidellm"
+  else
+    echo "WARNING: guidellm install failed (target/guidellm-install.log); its test will skip" >&2
+    tail -5 target/guidellm-install.log >&2 || true
+  fi
+}
+
 if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-run "$@"
+  wait_for_guidellm
   cargo nextest run --workspace --no-fail-fast "$@"
   # gRPC xDS is a cargo feature: its own build, and the adapters' tests with it on.
   cargo nextest run -p llm-lc-adapters --features ads --no-fail-fast "$@"
   # nextest does not run doctests.
   cargo test --workspace --doc -q
 else
+  cargo test --workspace --no-run "$@"
+  wait_for_guidellm
   cargo test --workspace --no-fail-fast "$@"
   cargo test -p llm-lc-adapters --features ads --no-fail-fast "$@"
 fi
