@@ -1,20 +1,43 @@
 //! Free loopback ports for servers started by tests.
 
+use std::collections::HashSet;
 use std::net::TcpListener;
+use std::sync::Mutex;
 
-/// A port that was free a moment ago. The OS hands out ephemeral ports in sequence, so the window
-/// in which another test could take it is tiny; servers that can bind port 0 themselves should.
+/// Ports this process already handed out. A port is released as soon as it is chosen (the server
+/// that will use it binds it later), and Linux may give the same ephemeral port to the very next
+/// `bind(0)`: two placeholders of one HAProxy template once got the same port that way.
+static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+
+/// A port that was free a moment ago and that this process has not handed out before. Across
+/// processes the window in which another test could take it is tiny; servers that can bind port 0
+/// themselves should.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("cannot bind an ephemeral loopback port")
+    let mut seen = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let seen = seen.get_or_insert_with(HashSet::new);
+    for _ in 0..1000 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("cannot bind an ephemeral loopback port");
+        if seen.insert(port) {
+            return port;
+        }
+    }
+    panic!("no fresh ephemeral loopback port in 1000 tries");
 }
 
-/// `n` distinct free ports, all held until all are chosen so none repeats.
+/// `n` distinct free ports, none handed out before by this process.
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("cannot bind an ephemeral loopback port"))
-        .collect();
-    listeners.iter().map(|l| l.local_addr().expect("bound listener has an address").port()).collect()
+    (0..n).map(|_| free_port()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ports_never_repeat_within_a_process() {
+        let ports = super::free_ports(200);
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len());
+    }
 }
