@@ -437,9 +437,15 @@ impl Config {
                 }
                 // Inactive tiers get ratio 0; not every sink can say "no new traffic".
                 match &p.sink {
-                    SinkConfig::F5(_) => err(
+                    SinkConfig::F5(f) if f.mode == llm_lc_adapters::f5::F5Mode::Sideband => err(
                         at("priority"),
-                        "not supported with the f5 sink yet (BIG-IP has no ratio 0; use the pool's priority groups)",
+                        "not supported with the f5 sink in sideband mode (the iRule reads ratios, and BIG-IP has no \
+                         ratio 0); use mode push with priority_groups: true",
+                    ),
+                    SinkConfig::F5(f) if !f.priority_groups => err(
+                        at("priority"),
+                        "needs `sink.priority_groups: true` with the f5 sink: BIG-IP has no ratio 0, so inactive tiers \
+                         become priority group 1 (active ones 2); the pool needs min-active-members >= 1",
                     ),
                     SinkConfig::Haproxy(h) if !h.allow_drain => err(
                         at("priority"),

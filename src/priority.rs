@@ -9,8 +9,9 @@
 //!   and stickiness untouched. HAProxy's `backup` flag cannot be set at run time, and it only spills
 //!   when every primary server is down, not when they are busy.
 //! - **Envoy**: the member is left out of the EDS assignment (Envoy rejects weight 0), so it drains.
-//! - **BIG-IP**: not supported yet (its natural form is member `priorityGroup` with the pool's
-//!   `minActiveMembers`; ratio 0 does not exist there); config validation refuses the combination.
+//! - **BIG-IP**: priority groups (`priority_groups: true` on the f5 sink): active members in group 2,
+//!   inactive ones in group 1, with the pool's priority group activation on (`minActiveMembers` >= 1,
+//!   checked by the sink). BIG-IP has no ratio 0; sideband mode cannot express tiers and is refused.
 //!
 //! The decision, each cycle, with hysteresis so a tier does not flap:
 //! - **spill** to one more tier when the mean capped load (`min(1, load)`, the same figure as

@@ -162,7 +162,16 @@ fn sinks_that_cannot_express_an_inactive_tier_are_refused_by_check() {
     let (code, err) =
         check("{ kind: f5, url: 'https://bigip', pool: /Common/p, username: u, password: { value: p } }");
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("pools[0].priority: not supported with the f5 sink"), "{err}");
+    assert!(err.contains("pools[0].priority: needs `sink.priority_groups: true`"), "{err}");
+    let (code, err) = check(
+        "{ kind: f5, url: 'https://bigip', pool: /Common/p, username: u, password: { value: p }, mode: sideband }",
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("pools[0].priority: not supported with the f5 sink in sideband mode"), "{err}");
+    let (code, err) = check(
+        "{ kind: f5, url: 'https://bigip', pool: /Common/p, username: u, password: { value: p }, priority_groups: true }",
+    );
+    assert_eq!(code, Some(0), "{err}");
     let (code, err) = check("{ kind: envoy, cluster: vllm }");
     assert_eq!(code, Some(0), "{err}");
 }

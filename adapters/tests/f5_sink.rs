@@ -627,3 +627,68 @@ async fn keeps_going_through_faults_and_converges() {
     assert_eq!(d.live_tokens(USER), 0);
     eprintln!("fault run: {ok} pushes ok, {failed} failed, {} requests", d.requests().len());
 }
+
+/// Priority tiers on BIG-IP: members of an inactive tier (ratio 0 from the controller) sit in the
+/// standby priority group, and with priority group activation on BIG-IP sends them nothing until
+/// the controller spills over. The double answers in 150 ms, as a busy management plane does.
+#[tokio::test]
+async fn inactive_tiers_become_the_standby_priority_group() {
+    const TIERED: &str = "/Common/tiered";
+    let d =
+        BigIpDouble::start_with(DoubleConfig { latency: Duration::from_millis(150), ..Default::default() })
+            .await;
+    d.add_user(UserSpec::new(USER, PASSWORD, Role::ApplicationEditor));
+    d.add_pool(
+        PoolSpec::new(TIERED)
+            .mode("ratio-least-connections-member")
+            .member(MemberSpec::ip("10.0.0.1", 8000))
+            .member(MemberSpec::ip("10.0.0.2", 8000))
+            .member(MemberSpec::ip("10.9.0.1", 8000))
+            .member(MemberSpec::ip("10.9.0.2", 8000)),
+    );
+    let sink = F5Sink::new(&F5Config { priority_groups: true, ..config(&d, TIERED) }, "tiered").unwrap();
+    let east_only =
+        ratios(&[("10.0.0.1:8000", 50), ("10.0.0.2:8000", 60), ("10.9.0.1:8000", 0), ("10.9.0.2:8000", 0)]);
+
+    // Priority group activation off: the standby group would still get traffic. Refused, nothing written.
+    let err = sink.apply(&east_only).await.unwrap_err();
+    assert!(matches!(err, SinkError::Rejected { .. }), "{err:?}");
+    assert!(err.to_string().contains("min-active-members 1"), "{err}");
+    assert_eq!(count(&d.requests(), |r| r.is_member_write()), 0);
+
+    // On: east carries traffic, west stands by with its ratio untouched.
+    d.set_min_active_members(TIERED, 1);
+    let a = sink.apply(&east_only).await.unwrap();
+    assert_eq!((a.changed, a.unchanged), (4, 0));
+    assert!(a.warnings.is_empty(), "ratio 0 is a group here, not a clamp: {:?}", a.warnings);
+    assert_eq!(
+        d.priority_groups(TIERED),
+        names(&[("10.0.0.1:8000", 2), ("10.0.0.2:8000", 2), ("10.9.0.1:8000", 1), ("10.9.0.2:8000", 1)])
+    );
+    assert_eq!(
+        d.ratios(TIERED),
+        names(&[("10.0.0.1:8000", 50), ("10.0.0.2:8000", 60), ("10.9.0.1:8000", 1), ("10.9.0.2:8000", 1)])
+    );
+    assert_eq!(d.serving(TIERED), vec!["10.0.0.1:8000".to_string(), "10.0.0.2:8000".to_string()]);
+    assert_eq!(sink.current().await.unwrap(), Some(east_only.clone()));
+    // Reconciled: the same ratios again write nothing.
+    let again = sink.apply(&east_only).await.unwrap();
+    assert_eq!((again.changed, again.unchanged), (0, 4));
+
+    // Spill over: west joins the active group with its ratios, in one transaction.
+    let before = d.requests().len();
+    let spilled =
+        ratios(&[("10.0.0.1:8000", 50), ("10.0.0.2:8000", 60), ("10.9.0.1:8000", 30), ("10.9.0.2:8000", 20)]);
+    assert_eq!(sink.apply(&spilled).await.unwrap().changed, 2);
+    let log = d.requests();
+    let writes: Vec<&Recorded> = log[before..].iter().filter(|r| r.is_member_write()).collect();
+    assert_eq!(writes.len(), 2);
+    assert!(writes.iter().all(|w| w.coordination.is_some()), "both queued in one transaction: {writes:?}");
+    assert_eq!(d.serving(TIERED).len(), 4);
+    assert_eq!(d.ratio(TIERED, "10.9.0.1:8000"), Some(30));
+
+    // Back: west to standby again; its last ratios stay for the next spill.
+    sink.apply(&east_only).await.unwrap();
+    assert_eq!(d.serving(TIERED), vec!["10.0.0.1:8000".to_string(), "10.0.0.2:8000".to_string()]);
+    assert_eq!(d.ratio(TIERED, "10.9.0.2:8000"), Some(20));
+}

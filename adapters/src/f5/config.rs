@@ -99,6 +99,12 @@ pub struct F5Config {
     /// iRule on the BIG-IP fetches the ratios from the controller (`deploy/bigip/irule/sideband.tcl`).
     #[serde(default)]
     pub mode: F5Mode,
+    /// For pools with priority tiers: members of inactive tiers (ratio 0 from the controller) are
+    /// moved to BIG-IP priority group 1, active ones to group 2. Needs the pool's priority group
+    /// activation (`min-active-members` >= 1), which the sink checks on every push. Off by default:
+    /// the sink then never touches `priorityGroup`, which an operator may use for other things.
+    #[serde(default)]
+    pub priority_groups: bool,
 }
 
 /// Whether the sink writes ratios to the BIG-IP, or the BIG-IP pulls them.
@@ -207,6 +213,7 @@ impl F5Config {
             max_ratio: default_max_ratio(),
             login_backoff: default_login_backoff(),
             mode: F5Mode::default(),
+            priority_groups: false,
         }
     }
 
@@ -297,6 +304,12 @@ impl F5Config {
         }
         if self.retry_backoff > Duration::from_secs(10) {
             err("retry_backoff", "at most 10s".into());
+        }
+        if self.priority_groups && self.mode == F5Mode::Sideband {
+            err(
+                "priority_groups",
+                "needs mode push: in sideband mode the sink never writes to the BIG-IP".into(),
+            );
         }
         errs
     }

@@ -18,7 +18,11 @@
 //! - transactions: `POST /mgmt/tm/transaction {}` answers `{"transId":N,"state":"STARTED",...}`; requests
 //!   sent with `X-F5-REST-Coordination-Id: N` are queued, not run; `PATCH /mgmt/tm/transaction/N
 //!   {"state":"VALIDATING"}` (without that header) runs them all or none and answers `"COMPLETED"` or
-//!   an error. A transaction with nothing queued cannot be committed.
+//!   an error. A transaction with nothing queued cannot be committed;
+//! - priority groups: a member's `priorityGroup` is 0..=65535 (default 0, higher is preferred); with
+//!   the pool's `minActiveMembers` >= 1 (priority group activation), BIG-IP uses only the highest
+//!   group that has at least that many available members. `priority_groups: true` expresses
+//!   inactive priority tiers that way (see [`plan`]).
 
 mod config;
 mod login_gate;
@@ -63,6 +67,8 @@ pub struct F5Sink {
     concurrency: usize,
     max_ratio: u32,
     mode: F5Mode,
+    /// Inactive tiers (ratio 0) become the standby priority group.
+    groups: bool,
     /// The last balancing mode we warned about, so the warning is given once, not every cycle.
     warned_mode: Mutex<Option<String>>,
     released: AtomicBool,
@@ -94,6 +100,7 @@ impl F5Sink {
             concurrency: cfg.concurrency,
             max_ratio: cfg.max_ratio,
             mode: cfg.mode,
+            groups: cfg.priority_groups,
             warned_mode: Mutex::new(None),
             released: AtomicBool::new(false),
         })
@@ -194,6 +201,18 @@ impl F5Sink {
     async fn check_mode(&self, s: &Session) -> Result<Option<String>, SinkError> {
         let pool: wire::Pool =
             s.call(&Request::get(&self.pool_path()), self.policy).await.map_err(|e| self.pool_error(s, e))?;
+        if self.groups && pool.min_active_members.unwrap_or(0) == 0 {
+            // Without activation every member takes traffic whatever its group: the inactive tier
+            // would get its ratio's share. Refused rather than pushed.
+            return Err(SinkError::Rejected {
+                target: self.target(s),
+                detail: format!(
+                    "priority group activation is off (minActiveMembers 0), so members of inactive tiers \
+                     would still get traffic; turn it on: tmsh modify ltm pool {} min-active-members 1",
+                    self.pool
+                ),
+            });
+        }
         let mode = pool.load_balancing_mode.unwrap_or_else(|| "round-robin".to_string());
         let mut warned = self.warned_mode.lock().unwrap_or_else(|p| p.into_inner());
         if RATIO_MODES.contains(&mode.as_str()) {
@@ -214,10 +233,12 @@ impl F5Sink {
         Ok(Some(msg))
     }
 
-    /// PATCH one member's ratio, directly or (with `coordination`) queued into a transaction.
+    /// PATCH one member's ratio (and group), directly or (with `coordination`) queued into a
+    /// transaction.
     async fn patch(&self, s: &Session, c: &Change, coordination: Option<u64>) -> Result<(), SinkError> {
         let path = self.member_path(c);
-        let mut req = Request::with_body(Method::PATCH, &path, json!(wire::RatioPatch { ratio: c.to }));
+        let body = wire::MemberPatch { ratio: (c.from != c.to).then_some(c.to), priority_group: c.group };
+        let mut req = Request::with_body(Method::PATCH, &path, json!(body));
         req.coordination = coordination;
         // Sending the same PATCH twice after a retry is harmless: both set the same value.
         s.call::<Value>(&req, self.policy)
@@ -341,7 +362,7 @@ impl F5Sink {
             warnings.push(w);
         }
         let members = self.read_members(&s).await?;
-        let plan = plan::plan(self.pool.as_str(), &members, desired, self.max_ratio);
+        let plan = plan::plan(self.pool.as_str(), &members, desired, self.max_ratio, self.groups);
         // Membership mismatches are in every push's warnings; the controller logs them when they appear.
         warnings.extend(plan.warnings());
         match plan.changes.len() {
@@ -351,7 +372,7 @@ impl F5Sink {
             _ => self.patch_each(&s, &plan.changes).await?,
         }
         for c in &plan.changes {
-            tracing::debug!(pool = %self.label, member = %c.id, from = c.from, to = c.to, "ratio set");
+            tracing::debug!(pool = %self.label, member = %c.id, from = c.from, to = c.to, group = ?c.group, "ratio set");
         }
         Ok(Applied { changed: plan.changes.len(), unchanged: plan.unchanged, warnings })
     }
@@ -421,7 +442,10 @@ impl RatioSink for F5Sink {
 
     async fn current(&self) -> Result<Option<Ratios>, SinkError> {
         let s = self.unit().await?;
-        Ok(Some(self.read_members(&s).await?.iter().map(|m| (plan::member_id(m), m.ratio)).collect()))
+        // With priority groups, a member of the standby group is an inactive tier: ratio 0, as pushed.
+        let ratio =
+            |m: &wire::Member| if self.groups && m.priority_group < plan::ACTIVE_GROUP { 0 } else { m.ratio };
+        Ok(Some(self.read_members(&s).await?.iter().map(|m| (plan::member_id(m), ratio(m))).collect()))
     }
 
     fn instances(&self) -> Vec<crate::InstanceStatus> {

@@ -40,6 +40,9 @@ pub struct TokenTimeout {
 pub struct Pool {
     #[serde(default)]
     pub load_balancing_mode: Option<String>,
+    /// Priority group activation: 0 is off (every member takes traffic whatever its group).
+    #[serde(default)]
+    pub min_active_members: Option<u32>,
 }
 
 /// `GET .../members` (`kind: tm:ltm:pool:members:memberscollectionstate`). An empty pool may come
@@ -59,6 +62,8 @@ pub struct Member {
     pub address: String,
     #[serde(default = "one")]
     pub ratio: u32,
+    #[serde(default, rename = "priorityGroup")]
+    pub priority_group: u32,
 }
 
 fn common() -> String {
@@ -69,11 +74,16 @@ fn one() -> u32 {
     1
 }
 
-/// The only property this sink ever changes. Sent with PATCH, never PUT: a PUT resets every property
-/// it does not carry to its default.
+/// The only properties this sink ever changes: the ratio, and the priority group when the pool has
+/// priority tiers. Sent with PATCH, never PUT: a PUT resets every property it does not carry to its
+/// default.
 #[derive(Serialize)]
-pub struct RatioPatch {
-    pub ratio: u32,
+#[serde(rename_all = "camelCase")]
+pub struct MemberPatch {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority_group: Option<u32>,
 }
 
 /// `POST /mgmt/tm/transaction` answer and `GET /mgmt/tm/transaction/ID` (`kind: tm:transactionstate`).

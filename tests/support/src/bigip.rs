@@ -131,12 +131,25 @@ pub struct PoolSpec {
     pub full_path: String,
     pub lb_mode: String,
     pub members: Vec<MemberSpec>,
+    /// Priority group activation: 0 (BIG-IP's default) is off.
+    pub min_active_members: u64,
 }
 
 impl PoolSpec {
     /// A pool in BIG-IP's default mode, `round-robin`.
     pub fn new(full_path: &str) -> Self {
-        PoolSpec { full_path: full_path.into(), lb_mode: "round-robin".into(), members: Vec::new() }
+        PoolSpec {
+            full_path: full_path.into(),
+            lb_mode: "round-robin".into(),
+            members: Vec::new(),
+            min_active_members: 0,
+        }
+    }
+
+    /// Turn on priority group activation (`min-active-members`).
+    pub fn min_active_members(mut self, n: u64) -> Self {
+        self.min_active_members = n;
+        self
     }
 
     pub fn mode(mut self, mode: &str) -> Self {
@@ -361,6 +374,10 @@ impl BigIpDouble {
         m.unwrap_or_else(|| panic!("no member {name} in {pool}")).props.ratio = ratio;
     }
 
+    pub fn set_min_active_members(&self, pool: &str, n: u64) {
+        lock(&self.state).pool_mut(pool).min_active_members = n;
+    }
+
     pub fn set_lb_mode(&self, pool: &str, mode: &str) {
         lock(&self.state).pool_mut(pool).lb_mode = mode.into();
     }
@@ -374,6 +391,42 @@ impl BigIpDouble {
 
     pub fn ratio(&self, pool: &str, name: &str) -> Option<u64> {
         self.ratios(pool).get(name).copied()
+    }
+
+    /// Member name -> priority group, for one pool.
+    pub fn priority_groups(&self, pool: &str) -> BTreeMap<String, u64> {
+        let s = lock(&self.state);
+        let p = s.pools.get(pool).unwrap_or_else(|| panic!("no pool {pool} in the double"));
+        p.members.iter().map(|m| (m.name.clone(), m.props.priority_group)).collect()
+    }
+
+    /// The members BIG-IP would send new connections to, by priority group activation: with
+    /// `min-active-members` 0 every enabled member; otherwise the highest groups, from the top down,
+    /// until they hold at least that many enabled members.
+    pub fn serving(&self, pool: &str) -> Vec<String> {
+        let s = lock(&self.state);
+        let p = s.pools.get(pool).unwrap_or_else(|| panic!("no pool {pool} in the double"));
+        let enabled: Vec<_> = p
+            .members
+            .iter()
+            .filter(|m| {
+                m.props.session != "user-disabled" && !matches!(m.props.state.as_str(), "down" | "user-down")
+            })
+            .collect();
+        if p.min_active_members == 0 {
+            return enabled.iter().map(|m| m.name.clone()).collect();
+        }
+        let mut groups: Vec<u64> = enabled.iter().map(|m| m.props.priority_group).collect();
+        groups.sort_unstable_by(|a, b| b.cmp(a));
+        groups.dedup();
+        let mut out = Vec::new();
+        for g in groups {
+            out.extend(enabled.iter().filter(|m| m.props.priority_group == g).map(|m| m.name.clone()));
+            if out.len() as u64 >= p.min_active_members {
+                break;
+            }
+        }
+        out
     }
 
     /// A member as `GET` would show it.

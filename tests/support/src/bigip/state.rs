@@ -132,6 +132,7 @@ pub struct Pool {
     pub lb_mode: String,
     pub members: Vec<Member>,
     pub generation: u64,
+    pub min_active_members: u64,
 }
 
 /// A PATCH or PUT of one pool member, as received.
@@ -321,6 +322,7 @@ impl State {
             lb_mode: spec.lb_mode,
             members: Vec::new(),
             generation,
+            min_active_members: spec.min_active_members,
         };
         for m in spec.members {
             pool.members.push(self.make_member(&spec.full_path, m, &pool.members));
@@ -559,7 +561,7 @@ impl State {
             "linkQosToClient": "pass-through",
             "linkQosToServer": "pass-through",
             "loadBalancingMode": p.lb_mode,
-            "minActiveMembers": 0,
+            "minActiveMembers": p.min_active_members,
             "minUpMembers": 0,
             "minUpMembersAction": "failover",
             "minUpMembersChecking": "disabled",
@@ -625,7 +627,8 @@ impl State {
         }
     }
 
-    /// PATCH of a pool: only `loadBalancingMode` is modelled (others are refused, not ignored).
+    /// PATCH of a pool: only `loadBalancingMode` and `minActiveMembers` are modelled (others are
+    /// refused, not ignored).
     pub fn pool_patch(&mut self, user: &str, pool: &str, body: &Value) -> Reply {
         let op = self.next_op();
         if let Err(r) = self.may_edit(user, pool, op, false) {
@@ -641,6 +644,16 @@ impl State {
         for (k, v) in obj {
             match (k.as_str(), v.as_str()) {
                 ("loadBalancingMode", Some(mode)) => p.lb_mode = mode.to_string(),
+                ("minActiveMembers", None) => match v.as_u64().filter(|n| *n <= 65_535) {
+                    Some(n) => p.min_active_members = n,
+                    None => {
+                        return Reply::tm_error(
+                            400,
+                            format!("01070734:3: Configuration error: invalid minActiveMembers value {v}: must be an integer from 0 to 65535"),
+                            3,
+                        )
+                    }
+                },
                 _ => {
                     return Reply::tm_error(400, format!("the double does not model pool property {k:?}"), 1)
                 }
