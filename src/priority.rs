@@ -17,8 +17,12 @@
 //! - **spill** to one more tier when the mean capped load (`min(1, load)`, the same figure as
 //!   `llmlc_pool_saturation_ratio`) of the fresh members of the active tiers reaches `spill_at`;
 //! - **return** from the last active tier when the load the active tiers carry now, spread over the
-//!   members that would remain, stays below `return_below` (< `spill_at`): moving back must not
-//!   itself push the local tier over the spill threshold;
+//!   members that would remain, has stayed below `return_below` (< `spill_at`) for `return_hold`
+//!   (default 5 minutes, like the Kubernetes HPA's scale-down stabilization): moving back must not
+//!   itself push the local tier over the spill threshold. The hold is there because the loads are
+//!   states (KV usage, queues), not flows: right after a spill the local queues drain and the
+//!   local tier looks light even when it cannot carry the traffic alone; without the hold the
+//!   `region-spill` benchmark flapped every ~45 s (spill, drain, return, overload, spill);
 //! - a member of an active tier without fresh data counts as full (a preferred tier that went dark
 //!   spills rather than holds), and traffic only returns to tiers whose members are all in sight;
 //! - at most one tier moves per cycle; tiers with no member are skipped; with no fresh data at all
@@ -45,6 +49,9 @@ pub struct PriorityConfig {
     /// Return from the last active tier when the remaining tiers would carry the load below this.
     #[serde(default = "defaults::return_below")]
     pub return_below: f64,
+    /// ... on every cycle for this long.
+    #[serde(default = "defaults::return_hold", with = "humantime_serde")]
+    pub return_hold: std::time::Duration,
 }
 
 /// One tier: a name for reports, and which members are in it.
@@ -59,11 +66,17 @@ pub struct TierConfig {
 }
 
 mod defaults {
+    // Chosen on seeds 1-3 of `bench --scenario region-spill` (src/bench/RESULTS.md): 0.7/0.5 spilled
+    // earlier than 0.85/0.6 after the local region lost capacity (p99 TTFT 4-5 s instead of 5-16 s)
+    // without spilling before it.
     pub fn spill_at() -> f64 {
-        0.85
+        0.7
     }
     pub fn return_below() -> f64 {
-        0.6
+        0.5
+    }
+    pub fn return_hold() -> std::time::Duration {
+        std::time::Duration::from_secs(300)
     }
 }
 
@@ -99,6 +112,9 @@ impl PriorityConfig {
         if !(self.spill_at > 0.0 && self.spill_at <= 1.0) {
             errs.push(("spill_at".into(), "must be within (0, 1]".into()));
         }
+        if self.return_hold > std::time::Duration::from_secs(24 * 3600) {
+            errs.push(("return_hold".into(), "at most 24h".into()));
+        }
         if !(self.return_below >= 0.0 && self.return_below < self.spill_at) {
             errs.push((
                 "return_below".into(),
@@ -131,6 +147,9 @@ pub struct Spill {
     matchers: Vec<Option<regex::Regex>>,
     spill_at: f64,
     return_below: f64,
+    return_hold: std::time::Duration,
+    /// Since when the return condition has held without a break.
+    below_since: Option<std::time::Instant>,
     /// Tiers carrying traffic: `0..active`, at least 1.
     active: usize,
 }
@@ -148,6 +167,8 @@ impl Spill {
             matchers,
             spill_at: cfg.spill_at,
             return_below: cfg.return_below,
+            return_hold: cfg.return_hold,
+            below_since: None,
             active: 1,
         })
     }
@@ -168,9 +189,14 @@ impl Spill {
         self.active
     }
 
-    /// One cycle: `loads` are the capped loads (`min(1, load)`) of the members with fresh samples;
-    /// `members` all members of the pool.
-    pub fn step(&mut self, members: &[MemberId], loads: &BTreeMap<MemberId, f64>) -> SpillStep {
+    /// One cycle at `now`: `loads` are the capped loads (`min(1, load)`) of the members with fresh
+    /// samples; `members` all members of the pool.
+    pub fn step(
+        &mut self,
+        members: &[MemberId],
+        loads: &BTreeMap<MemberId, f64>,
+        now: std::time::Instant,
+    ) -> SpillStep {
         let n = self.names.len();
         let mut count = vec![0usize; n];
         let mut fresh = vec![0usize; n];
@@ -201,6 +227,7 @@ impl Spill {
         if let Some(sat) = saturation {
             // The next tier that has members.
             let next = (self.active..n).find(|&t| count[t] > 0);
+            let mut below = false;
             if let (true, Some(next)) = (sat >= self.spill_at, next) {
                 self.active = next + 1;
                 moved = Some(true);
@@ -210,14 +237,19 @@ impl Spill {
                 let last = (0..self.active).rev().find(|&t| count[t] > 0).unwrap_or(0);
                 let remain: usize = count[..last].iter().sum();
                 let remain_fresh: usize = fresh[..last].iter().sum();
-                if last > 0
+                below = last > 0
                     && remain > 0
                     && remain_fresh == remain
-                    && load_active / (remain as f64) < self.return_below
-                {
+                    && load_active / (remain as f64) < self.return_below;
+                let since = *self.below_since.get_or_insert(now);
+                if below && now.saturating_duration_since(since) >= self.return_hold {
                     self.active = last;
                     moved = Some(false);
+                    below = false;
                 }
+            }
+            if !below {
+                self.below_since = None;
             }
         }
         SpillStep { active: self.active, saturation, moved }
@@ -239,10 +271,15 @@ pub struct Tiers {
 
 impl Tiers {
     /// One cycle on a snapshot: decide the active tiers, and shape the policy's ratios.
-    pub fn apply(&mut self, snap: &Snapshot, ratios: &Ratios) -> (Ratios, SpillStep) {
+    pub fn apply(
+        &mut self,
+        snap: &Snapshot,
+        ratios: &Ratios,
+        now: std::time::Instant,
+    ) -> (Ratios, SpillStep) {
         let members: Vec<MemberId> = snap.members.keys().cloned().collect();
         let loads = fresh_loads(snap, self.stale_after, self.queue_norm, self.running_norm);
-        let step = self.spill.step(&members, &loads);
+        let step = self.spill.step(&members, &loads, now);
         (self.spill.shape(ratios), step)
     }
 }
@@ -267,6 +304,7 @@ pub fn fresh_loads(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
 
     fn cfg() -> PriorityConfig {
         PriorityConfig {
@@ -276,6 +314,7 @@ mod tests {
             ],
             spill_at: 0.85,
             return_below: 0.6,
+            return_hold: Duration::ZERO,
         }
     }
 
@@ -310,23 +349,46 @@ mod tests {
     fn spills_when_local_saturates_and_returns_only_below_the_lower_threshold() {
         let mut s = Spill::new(&cfg()).expect("valid");
         let m = all();
-        assert_eq!(s.step(&m, &loads(0.5, 0.0)).active, 1);
+        assert_eq!(s.step(&m, &loads(0.5, 0.0), Instant::now()).active, 1);
         let r = ratios_of(&m);
         assert_eq!(s.shape(&r).get(&MemberId::from(WEST[0])), Some(0), "remote idle while local has room");
         // Local saturated: spill.
-        let st = s.step(&m, &loads(0.9, 0.0));
+        let st = s.step(&m, &loads(0.9, 0.0), Instant::now());
         assert_eq!((st.active, st.moved), (2, Some(true)));
         assert_eq!(s.shape(&r).get(&MemberId::from(WEST[0])), Some(50));
         // Spilled, the load spreads: east 0.6, west 0.4 -> active saturation 0.5, but the load
         // (2 x 0.6 + 2 x 0.4 = 2.0) over east's two members is 1.0, not below 0.6: stay.
-        assert_eq!(s.step(&m, &loads(0.6, 0.4)).active, 2);
+        assert_eq!(s.step(&m, &loads(0.6, 0.4), Instant::now()).active, 2);
         // Between the thresholds nothing moves, in either direction (no flapping).
         for _ in 0..5 {
-            assert_eq!(s.step(&m, &loads(0.35, 0.3)).active, 2);
+            assert_eq!(s.step(&m, &loads(0.35, 0.3), Instant::now()).active, 2);
         }
         // Demand falls: (2 x 0.3 + 2 x 0.2) / 2 = 0.5 < 0.6: return.
-        let st = s.step(&m, &loads(0.3, 0.2));
+        let st = s.step(&m, &loads(0.3, 0.2), Instant::now());
         assert_eq!((st.active, st.moved), (1, Some(false)));
+    }
+
+    #[test]
+    fn return_waits_until_the_condition_has_held_for_return_hold() {
+        let mut s =
+            Spill::new(&PriorityConfig { return_hold: Duration::from_secs(300), ..cfg() }).expect("valid");
+        let m = all();
+        let t0 = Instant::now();
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        assert_eq!(s.step(&m, &loads(0.9, 0.0), at(0)).moved, Some(true));
+        // Light right after the spill (the local queues drained): held, not returned.
+        assert_eq!(s.step(&m, &loads(0.2, 0.1), at(5)).active, 2);
+        assert_eq!(s.step(&m, &loads(0.2, 0.1), at(200)).active, 2);
+        // A break in the condition restarts the hold.
+        assert_eq!(s.step(&m, &loads(0.6, 0.4), at(250)).active, 2);
+        assert_eq!(s.step(&m, &loads(0.2, 0.1), at(300)).active, 2);
+        assert_eq!(s.step(&m, &loads(0.2, 0.1), at(599)).active, 2);
+        let st = s.step(&m, &loads(0.2, 0.1), at(600));
+        assert_eq!((st.active, st.moved), (1, Some(false)), "held for 300 s: back");
+        // The default is five minutes.
+        let parsed: PriorityConfig =
+            serde_json::from_str(r#"{"tiers":[{"name":"a","members":"x"},{"name":"b"}]}"#).expect("parses");
+        assert_eq!(parsed.return_hold, Duration::from_secs(300));
     }
 
     fn ratios_of(m: &[MemberId]) -> Ratios {
@@ -337,23 +399,26 @@ mod tests {
     fn an_empty_local_tier_is_passed_over_and_no_data_moves_nothing() {
         let mut s = Spill::new(&cfg()).expect("valid");
         let west_only = ids(&WEST);
-        let st = s.step(&west_only, &BTreeMap::new());
+        let st = s.step(&west_only, &BTreeMap::new(), Instant::now());
         assert_eq!((st.active, st.saturation, st.moved), (2, None, None), "local scaled to zero");
         let mut s = Spill::new(&cfg()).expect("valid");
-        assert_eq!(s.step(&all(), &BTreeMap::new()), SpillStep { active: 1, saturation: None, moved: None });
+        assert_eq!(
+            s.step(&all(), &BTreeMap::new(), Instant::now()),
+            SpillStep { active: 1, saturation: None, moved: None }
+        );
     }
 
     #[test]
     fn a_dark_local_tier_spills_and_traffic_returns_only_to_a_tier_in_sight() {
         let mut s = Spill::new(&cfg()).expect("valid");
         let west_only: BTreeMap<MemberId, f64> = WEST.iter().map(|m| (MemberId::from(*m), 0.1)).collect();
-        let st = s.step(&all(), &west_only);
+        let st = s.step(&all(), &west_only, Instant::now());
         assert_eq!((st.active, st.saturation, st.moved), (2, Some(1.0), Some(true)), "east unreadable");
         // East back, lightly loaded, but one of its replicas still unreadable: stay spilled.
         let mut partial = west_only.clone();
         partial.insert(MemberId::from(EAST[0]), 0.1);
-        assert_eq!(s.step(&all(), &partial).active, 2);
-        assert_eq!(s.step(&all(), &loads(0.1, 0.1)).moved, Some(false));
+        assert_eq!(s.step(&all(), &partial, Instant::now()).active, 2);
+        assert_eq!(s.step(&all(), &loads(0.1, 0.1), Instant::now()).moved, Some(false));
     }
 
     #[test]

@@ -272,3 +272,42 @@ fn f5_writes_stay_under_one_per_member_per_minute_on_a_steady_fleet() {
         "writes/member/min: capacity+f5 {default_f5:.2}; feedback without deadband {jittery_every:.2}, {jittery_f5:.2} behind f5"
     );
 }
+
+/// `region-spill`: every balancer three ways. Local-only never touches the remote region and
+/// drowns once the local one loses capacity; flat pays the cross-region round trip on every remote
+/// request all the time; spill-over stays local until the loss, then uses the remote region.
+#[test]
+fn region_spill_compares_local_only_flat_and_spill_over() {
+    let mut a = args("region-spill", 0.85, &["least-request"]);
+    a.knobs.duration = Some(std::time::Duration::from_secs(300));
+    a.knobs.warmup = Some(std::time::Duration::from_secs(60));
+    let r = report(&a);
+    let names: Vec<&str> = r.results.iter().map(|b| b.balancer.as_str()).collect();
+    assert_eq!(names, ["least-request/local-only", "least-request/flat", "least-request/spill-over"]);
+    let remote = |b: &bench::fleet::BalancerResult| b.share[3..].iter().sum::<f64>();
+    let (local, flat, spill) = (
+        result(&r, "least-request/local-only"),
+        result(&r, "least-request/flat"),
+        result(&r, "least-request/spill-over"),
+    );
+    assert_eq!(remote(local), 0.0);
+    assert!(remote(flat) > 0.4, "flat spreads over both regions: {:?}", flat.share);
+    assert!(remote(spill) > 0.0 && remote(spill) < remote(flat), "{:?} vs {:?}", spill.share, flat.share);
+    // Before the loss most requests stay local: no round trip for the median request.
+    assert!(spill.ttft_p50_s < flat.ttft_p50_s, "p50 {} vs flat {}", spill.ttft_p50_s, flat.ttft_p50_s);
+    assert!(flat.ttft_p50_s > 0.08, "flat's median request carries part of the 80 ms round trip");
+    // After the loss the local region alone cannot keep up.
+    assert!(
+        local.ttft_p99_s > 2.0 * spill.ttft_p99_s,
+        "local-only {} vs spill-over {}",
+        local.ttft_p99_s,
+        spill.ttft_p99_s
+    );
+
+    // Thresholds are checked like the config file's.
+    let mut bad = args("region-spill", 0.85, &["least-request"]);
+    bad.knobs.spill_at = Some(0.3);
+    bad.knobs.return_below = Some(0.5);
+    let err = Settings::from_args(&bad, BenchControls::shared()).expect_err("return_below above spill_at");
+    assert!(err.to_string().contains("return_below"), "{err}");
+}

@@ -53,7 +53,7 @@ async fn the_remote_tier_gets_traffic_only_while_the_local_one_is_saturated() {
     std::fs::write(
         &cfg,
         format!(
-            "interval: 200ms\nlisten: 127.0.0.1:{listen}\nsources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ from_lb: true }}\n    priority:\n      tiers:\n        - {{ name: east, members: '{east_re}' }}\n        - {{ name: west }}\n      spill_at: 0.8\n      return_below: 0.6\n    sink: {{ kind: haproxy, address: '{}', backend: llm, allow_drain: true }}\n",
+            "interval: 200ms\nlisten: 127.0.0.1:{listen}\nsources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ from_lb: true }}\n    priority:\n      tiers:\n        - {{ name: east, members: '{east_re}' }}\n        - {{ name: west }}\n      spill_at: 0.8\n      return_below: 0.6\n      return_hold: 1s\n    sink: {{ kind: haproxy, address: '{}', backend: llm, allow_drain: true }}\n",
             h.runtime_address()
         ),
     )

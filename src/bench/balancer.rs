@@ -173,6 +173,8 @@ pub struct Lb {
     rng: ChaCha8Rng,
     pub epp: Vec<EppView>,
     ties: Vec<usize>,
+    /// Replicas this balancer may choose (all, unless the pool is tiered: `region-spill`).
+    eligible: Vec<bool>,
 }
 
 impl Lb {
@@ -185,7 +187,14 @@ impl Lb {
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0e99),
             epp: vec![EppView::default(); n],
             ties: Vec::with_capacity(n),
+            eligible: vec![true; n],
         }
+    }
+
+    /// Limit the choice to some replicas (a tiered pool's active tiers). Nobody eligible means
+    /// everybody is: a balancer with an empty pool would fail every request.
+    pub fn set_eligible(&mut self, eligible: Vec<bool>) {
+        self.eligible = if eligible.iter().any(|&e| e) { eligible } else { vec![true; eligible.len()] };
     }
 
     pub fn kind(&self) -> Balancer {
@@ -204,7 +213,10 @@ impl Lb {
     pub fn pick(&mut self) -> usize {
         let i = match self.kind {
             Balancer::Epp | Balancer::EppActive => self.pick_epp(),
-            _ => self.picker.pick(|_| true).unwrap_or(0),
+            _ => {
+                let eligible = &self.eligible;
+                self.picker.pick(|i| eligible.get(i).copied().unwrap_or(true)).unwrap_or(0)
+            }
         };
         self.picker.started(i);
         i
@@ -219,15 +231,21 @@ impl Lb {
     }
 
     fn pick_epp(&mut self) -> usize {
-        let (lo, hi) =
-            self.epp.iter().fold((u32::MAX, 0), |(lo, hi), v| (lo.min(v.waiting), hi.max(v.waiting)));
+        let ok = |i: usize| self.eligible.get(i).copied().unwrap_or(true);
+        let (lo, hi) = self
+            .epp
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| ok(*i))
+            .fold((u32::MAX, 0), |(lo, hi), (_, v)| (lo.min(v.waiting), hi.max(v.waiting)));
         let active = self.kind == Balancer::EppActive;
         let n = self.epp.len();
-        let (alo, ahi) =
-            (0..n).fold((u32::MAX, 0), |(lo, hi), i| (lo.min(self.in_flight(i)), hi.max(self.in_flight(i))));
+        let (alo, ahi) = (0..n)
+            .filter(|&i| ok(i))
+            .fold((u32::MAX, 0), |(lo, hi), i| (lo.min(self.in_flight(i)), hi.max(self.in_flight(i))));
         let mut best = f64::NEG_INFINITY;
         self.ties.clear();
-        for (i, v) in self.epp.iter().enumerate() {
+        for (i, v) in self.epp.iter().enumerate().filter(|(i, _)| ok(*i)) {
             let queue = if hi == lo { 1.0 } else { (hi - v.waiting) as f64 / (hi - lo) as f64 };
             let mut score = EPP_QUEUE_WEIGHT * queue + EPP_KV_WEIGHT * (1.0 - v.kv_usage);
             if active {
@@ -306,6 +324,23 @@ mod tests {
         assert_eq!(Balancer::RatioLeastRequest.weight_mode(), "least-connections");
         for name in ["epp-active", "static-ratio", "static-ratio-least-request", "epp"] {
             assert!(ALL.iter().any(|b| b.name() == name), "{name} in --balancers all");
+        }
+    }
+
+    #[test]
+    fn only_eligible_replicas_are_chosen_and_none_eligible_means_all() {
+        for kind in
+            [Balancer::LeastRequest, Balancer::RatioLeastRequest, Balancer::EppActive, Balancer::RoundRobin]
+        {
+            let mut lb = Lb::new(kind, 4, 1);
+            lb.set_eligible(vec![true, true, false, false]);
+            assert!((0..40).all(|_| lb.pick() < 2), "{kind:?}");
+            lb.set_eligible(vec![false; 4]);
+            let mut seen = [false; 4];
+            for _ in 0..40 {
+                seen[lb.pick()] = true;
+            }
+            assert!(seen[2] || seen[3], "{kind:?}: an empty set falls back to everyone");
         }
     }
 

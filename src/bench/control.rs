@@ -45,6 +45,12 @@ pub struct ControlSpec {
     /// then writes a member only when its ratio moved enough or a while has passed (its change
     /// policy for such sinks), and the benchmark counts what that costs.
     pub config_writes: bool,
+    /// Priority tiers: each replica's tier (0 = preferred), empty for one flat pool. With tiers the
+    /// controller pushes 0 for replicas of inactive tiers (`region-spill`, `spill-over`).
+    pub tiers: Vec<usize>,
+    /// Priority pooling's thresholds (`spill_at`, `return_below`); `None`: the controller's defaults.
+    pub spill_at: Option<f64>,
+    pub return_below: Option<f64>,
 }
 
 impl ControlSpec {

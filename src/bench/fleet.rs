@@ -42,7 +42,7 @@ use serde::Serialize;
 
 use super::balancer::{Balancer, EppView, Lb};
 use super::control::{Control, ControlSpec, Controller, Observation};
-use super::scenario::{replica_profile, Scenario};
+use super::scenario::{replica_profile, Scenario, Tiering};
 use super::stats::{percentile, sort, LogHistogram, Spread};
 use super::workload::{Arrivals, Lengths, RateShape};
 use llm_lc_sim::engine::{Engine, EngineEvent, EngineRequest, EngineStats};
@@ -157,6 +157,24 @@ pub struct RunSpec {
     pub external_rps: Vec<f64>,
     /// Independent balancer instances sharing the traffic (each counts only its own requests).
     pub lb_instances: usize,
+    /// How a scenario with regions is pooled (`Flat` for every other scenario).
+    pub tiering: Tiering,
+}
+
+impl RunSpec {
+    /// Whether the controller runs: it drives the ratio balancers, and with `spill-over` decides
+    /// which tiers any balancer may use.
+    fn runs_controller(&self) -> bool {
+        self.balancer.uses_ratios() || self.tiering == Tiering::SpillOver
+    }
+
+    /// The result's name: the balancer, and how the regions are pooled when there are regions.
+    fn label(&self) -> String {
+        match self.scenario.tiers.is_empty() {
+            true => self.balancer.name().to_string(),
+            false => format!("{}/{}", self.balancer.name(), self.tiering.name()),
+        }
+    }
 }
 
 /// One balancer's numbers over the measured window.
@@ -295,6 +313,8 @@ struct Sim<'a> {
     lb_rng: ChaCha8Rng,
     /// Pushed weights waiting to take effect, in push order.
     pending_weights: VecDeque<Vec<u32>>,
+    /// The controller's weights in effect (`None` before its first push took effect).
+    applied: Option<Vec<u32>>,
     envoy_phase: f64,
     control: Option<Box<dyn Control>>,
     arrivals: Arrivals,
@@ -360,7 +380,10 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
         });
     }
     let sig = &spec.signals;
-    let control = if spec.balancer.uses_ratios() {
+    if !sc.tiers.is_empty() && sc.tiers.len() != n || !sc.rtt_s.is_empty() && sc.rtt_s.len() != n {
+        return Err("the scenario needs one tier and one round trip per replica".into());
+    }
+    let control = if spec.runs_controller() {
         let control = ControlSpec {
             push_interval_s: sig.push_interval_s,
             stale_after_s: sig.stale_after_s,
@@ -386,6 +409,12 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
                 return Err("static weights need one weight per replica".into());
             }
             lb.set_weights(&spec.static_weights);
+        }
+        if spec.tiering == Tiering::LocalOnly {
+            lb.set_eligible(sc.tiers.iter().map(|&t| t == 0).collect());
+        } else if spec.tiering == Tiering::SpillOver {
+            // Until the controller's first push: the preferred tier only, as a new pool with tiers.
+            lb.set_eligible(sc.tiers.iter().map(|&t| t == 0).collect());
         }
         lbs.push(lb);
     }
@@ -414,6 +443,7 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
         lbs,
         lb_rng: stream(spec.seed, 5),
         pending_weights: VecDeque::new(),
+        applied: spec.balancer.uses_ratios().then(|| vec![spec.control.initial_ratio(); n]),
         envoy_phase: stream(spec.seed, 6).gen_range(0.0..1.0),
         control,
         arrivals: Arrivals::new(spec.arrival_rps, sc.shape),
@@ -464,7 +494,7 @@ impl Sim<'_> {
                 self.at(t, Ev::Arrival);
             }
         }
-        if spec.balancer.uses_ratios() {
+        if spec.runs_controller() {
             // Prometheus spreads its targets over the interval; the phases come from their own
             // stream so every balancer sees the same ones.
             let mut phase_rng = stream(spec.seed, 3);
@@ -576,12 +606,27 @@ impl Sim<'_> {
     }
 
     fn apply_weights(&mut self, w: &[u32]) {
-        if self.lbs.first().is_some_and(|lb| lb.weights() != w) {
+        if self.applied.as_deref() != Some(w) {
             self.weight_updates += 1;
         }
+        let ratios = self.spec.balancer.uses_ratios();
+        // Spill-over: replicas of inactive tiers (ratio 0) are out of every balancer's choice.
+        let tiers =
+            (self.spec.tiering == Tiering::SpillOver).then(|| w.iter().map(|&x| x > 0).collect::<Vec<_>>());
         for lb in &mut self.lbs {
-            lb.set_weights(w);
+            if ratios {
+                lb.set_weights(w);
+            }
+            if let Some(t) = &tiers {
+                lb.set_eligible(t.clone());
+            }
         }
+        self.applied = Some(w.to_vec());
+    }
+
+    /// Round trip added to what the client sees of a request served by replica `r`.
+    fn rtt(&self, r: usize) -> f64 {
+        self.spec.scenario.rtt_s.get(r).copied().unwrap_or(0.0)
     }
 
     /// A request from outside this LB: not measured, not counted by any balancer instance.
@@ -685,9 +730,10 @@ impl Sim<'_> {
             match ev {
                 EngineEvent::Scheduled { .. } | EngineEvent::Preempted { .. } => {}
                 EngineEvent::FirstToken { id } => {
+                    let rtt = self.rtt(r);
                     let q = &mut self.reqs[id as usize];
                     if q.measured {
-                        self.ttft.push((now - q.arrival) as f32);
+                        self.ttft.push((now - q.arrival + rtt) as f32);
                     }
                     q.last_token = now;
                     self.tokens += u64::from(in_window);
@@ -706,7 +752,7 @@ impl Sim<'_> {
                     rep.e2e_sum += now - q.arrival;
                     rep.e2e_count += 1;
                     if q.measured {
-                        self.e2e.push((now - q.arrival) as f32);
+                        self.e2e.push((now - q.arrival + self.rtt(r)) as f32);
                         self.completed += 1;
                     }
                     self.release(id as u32, r, false);
@@ -782,8 +828,7 @@ impl Sim<'_> {
         let decided = control.cycle(now, &observations);
         if let Some(w) = decided {
             // Compared with what the LB will hold once earlier pushes land.
-            let current =
-                self.pending_weights.back().cloned().or_else(|| self.lbs.first().map(|lb| lb.weights()));
+            let current = self.pending_weights.back().cloned().or_else(|| self.applied.clone());
             let changed = current.map_or(w.len(), |c| c.iter().zip(&w).filter(|(a, b)| a != b).count());
             if now >= self.spec.scenario.warmup_s && now < self.spec.scenario.duration_s {
                 self.window_member_writes += changed as u64;
@@ -833,7 +878,7 @@ impl Sim<'_> {
         let window = self.spec.scenario.duration_s - self.spec.scenario.warmup_s;
         let total: u64 = self.dispatched.iter().sum();
         let result = BalancerResult {
-            balancer: self.spec.balancer.name().to_string(),
+            balancer: self.spec.label(),
             ttft_p50_s: percentile(&self.ttft, 0.50),
             ttft_p90_s: percentile(&self.ttft, 0.90),
             ttft_p99_s: percentile(&self.ttft, 0.99),

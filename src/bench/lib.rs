@@ -38,12 +38,13 @@ use balancer::Balancer;
 use control::{ControlSpec, Controller};
 use fleet::{BalancerResult, LbKind, RunOutcome, RunSpec, Signals};
 use llm_lc_sim::profile::ModelProfile;
+use scenario::Tiering;
 
 /// Arguments of `llm-load-controller bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Scenario: homogeneous, heterogeneous, degraded, spike, long-context, ramp, mixed-memory,
-    /// tp-mixed, mem-only, slow-drift, shared-backends, large.
+    /// tp-mixed, mem-only, slow-drift, shared-backends, large, region-spill.
     #[arg(long, default_value = "heterogeneous")]
     pub scenario: String,
     /// Offered load as a fraction of the fleet's capacity (see src/bench/capacity.rs).
@@ -121,6 +122,14 @@ pub struct Knobs {
     /// haproxy (~50 ms), envoy (next 1 s EDS poll), f5 (~0.6 s + 0.2 s per changed member).
     #[arg(long, default_value = "proxy")]
     pub lb_kind: String,
+    /// `region-spill`, `spill-over`: the local tier's saturation at which the remote one joins
+    /// (the controller's `priority.spill_at`; default 0.85).
+    #[arg(long)]
+    pub spill_at: Option<f64>,
+    /// `region-spill`, `spill-over`: the remote tier leaves when the local one would carry the load
+    /// below this (`priority.return_below`; default 0.6).
+    #[arg(long)]
+    pub return_below: Option<f64>,
     /// How often the epp balancers refresh their metrics.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     pub epp_refresh: Duration,
@@ -259,6 +268,9 @@ impl Settings {
             replicas: 0,
             lb_mode: String::new(),
             config_writes: signals.lb_kind == LbKind::F5,
+            tiers: Vec::new(),
+            spill_at: a.spill_at,
+            return_below: a.return_below,
         };
         controller.0.check(&control).map_err(anyhow::Error::msg)?;
         Ok(Settings {
@@ -318,10 +330,11 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
         bail!("--load {load} leaves nothing for this LB: the external traffic alone is more");
     }
     let static_weights = static_weights(&at_start, settings.control.ratio_min, settings.control.ratio_max);
-    let specs: Vec<RunSpec> = settings
-        .balancers
-        .iter()
-        .map(|&b| RunSpec {
+    // A scenario with regions runs every balancer three ways; others once, flat.
+    let tierings: &[Tiering] = if sc.tiers.is_empty() { &[Tiering::Flat] } else { &Tiering::ALL };
+    let runs = settings.balancers.iter().flat_map(|&b| tierings.iter().map(move |&t| (b, t)));
+    let specs: Vec<RunSpec> = runs
+        .map(|(b, tiering)| RunSpec {
             profile: settings.profile.clone(),
             scenario: sc.clone(),
             arrival_rps,
@@ -330,8 +343,10 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
             control: ControlSpec {
                 replicas: sc.speeds.len(),
                 lb_mode: b.weight_mode().to_string(),
+                tiers: if tiering == Tiering::SpillOver { sc.tiers.clone() } else { Vec::new() },
                 ..settings.control.clone()
             },
+            tiering,
             signals: settings.signals,
             timeout_s: settings.timeout_s,
             seed: settings.seed,

@@ -18,6 +18,7 @@
 //! | `mem-only` | 6 replicas of equal speed, 2 with a third of the KV cache | long-context mix |
 //! | `slow-drift` | 6 replicas; 0 and 3 slow down step by step to 0.4 over the first 60% of the window | steady |
 //! | `shared-backends` | 6 equal replicas; 0, 2 and 4 also serve traffic that does not pass this LB | steady |
+//! | `region-spill` | 6 equal replicas in two regions (0-2 local, 3-5 remote, 80 ms round trip away); at the middle of the window 0 and 1 slow to a third | steady, `--load` of the local region |
 //!
 //! `tp-mixed`: tensor parallelism over two GPUs doubles the memory, and the KV cache gets everything
 //! the second copy of the weights does not take (2 x 80 GB x 0.9 - 16 GB weights - activations:
@@ -33,6 +34,15 @@
 //! some replicas (60%, 30% and 15% of replicas 0, 2 and 4's capacity). The servers' metrics show it,
 //! this LB's connection counts do not. `--load` is the whole fleet's utilization: this LB's traffic is
 //! the rest.
+//!
+//! `region-spill`: priority pooling's case. The clients and the balancer are in the local region;
+//! a request served by the remote region pays a cross-region round trip ([`REGION_RTT_S`], added to
+//! its TTFT and end-to-end time). `--load` is a fraction of the *local* region's capacity, so the
+//! local region alone is enough until it loses capacity (two of its three replicas slow to a third:
+//! a failing node, a noisy neighbour, a rollout). Each balancer runs three ways
+//! ([`Tiering`]): `local-only` (the remote region is not in the pool), `flat` (one pool across
+//! both regions) and `spill-over` (the controller's priority tiers: remote only while the local
+//! tier is saturated).
 //!
 //! `mixed-memory`'s smaller replicas: an A100-40GB at vLLM's `gpu_memory_utilization=0.9` has 36 GB,
 //! minus ~16 GB of Llama-3.1-8B weights and ~3 GB of activations, so ~17 GB of KV = ~130k tokens, a
@@ -59,6 +69,7 @@ pub const NAMES: &[&str] = &[
     "slow-drift",
     "shared-backends",
     "large",
+    "region-spill",
 ];
 /// The scenarios of the goals grid (`bench --sweep`): every 6-replica scenario.
 pub const GRID: &[&str] = &[
@@ -96,6 +107,12 @@ pub struct Scenario {
     pub rate_speeds: Vec<f64>,
     /// Traffic that reaches each replica without passing this LB, as a fraction of its capacity.
     pub external: Vec<f64>,
+    /// Priority tier of each replica (0 = local region) when the scenario has regions; empty
+    /// otherwise.
+    pub tiers: Vec<usize>,
+    /// Round trip added to the TTFT and end-to-end time of requests each replica serves (a replica
+    /// in another region); empty = none.
+    pub rtt_s: Vec<f64>,
     pub mix: LengthMix,
     pub shape: RateShape,
     pub duration_s: f64,
@@ -111,6 +128,34 @@ pub const DRIFT_STEP_S: f64 = 15.0;
 
 /// Default measured length of the grid scenarios; with the warm-up a run is 12 virtual minutes.
 pub const DEFAULT_DURATION_S: f64 = 720.0;
+/// `region-spill`: the round trip between the two regions (e.g. US East to US West is 60-80 ms).
+pub const REGION_RTT_S: f64 = 0.08;
+
+/// How a scenario with regions is pooled (`region-spill`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Tiering {
+    /// One pool of every replica: no tiers (and the only way for scenarios without regions).
+    Flat,
+    /// Only the local region's replicas are in the pool.
+    LocalOnly,
+    /// The controller's priority tiers: the remote region gets traffic only while the local one is
+    /// saturated (spill at `--spill-at`, back below `--return-below`).
+    SpillOver,
+}
+
+impl Tiering {
+    /// The three ways a scenario with regions is run, in report order.
+    pub const ALL: [Tiering; 3] = [Tiering::LocalOnly, Tiering::Flat, Tiering::SpillOver];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tiering::Flat => "flat",
+            Tiering::LocalOnly => "local-only",
+            Tiering::SpillOver => "spill-over",
+        }
+    }
+}
 pub const DEFAULT_WARMUP_S: f64 = 120.0;
 
 /// Build scenario `name`. `replicas`, `duration_s` and `warmup_s` override the defaults; event times
@@ -151,6 +196,8 @@ pub fn build(
         speed_changes: vec![],
         rate_speeds: vec![],
         external: vec![0.0; n],
+        tiers: vec![],
+        rtt_s: vec![],
         mix: LengthMix::Sharegpt,
         shape: RateShape::Constant,
         duration_s,
@@ -202,6 +249,18 @@ pub fn build(
         }
         "shared-backends" => {
             s.external = (0..n).map(|i| [0.6, 0.0, 0.3, 0.0, 0.15, 0.0][i % 6]).collect();
+        }
+        "region-spill" => {
+            // The first half of the replicas is local (at least one), the rest remote.
+            let local = n.div_ceil(2);
+            s.tiers = (0..n).map(|r| usize::from(r >= local)).collect();
+            s.rtt_s = s.tiers.iter().map(|&t| if t == 0 { 0.0 } else { REGION_RTT_S }).collect();
+            // 100% load is the local region's capacity; it then loses all but a third of two of
+            // its replicas (one, with a single local replica).
+            s.rate_speeds = s.tiers.iter().map(|&t| if t == 0 { 1.0 } else { 0.0 }).collect();
+            s.speed_changes = (0..local.min(2))
+                .map(|replica| SpeedChange { at_s: mid, replica, speed: 1.0 / 3.0 })
+                .collect();
         }
         _ => unreachable!("checked above"),
     }
@@ -276,5 +335,19 @@ mod tests {
         let shared = build("shared-backends", None, None, None).unwrap();
         assert_eq!(shared.external, vec![0.6, 0.0, 0.3, 0.0, 0.15, 0.0]);
         assert!(GRID.iter().all(|g| NAMES.contains(g)));
+    }
+
+    #[test]
+    fn region_spill_has_a_local_and_a_remote_region() {
+        let s = build("region-spill", None, None, None).unwrap();
+        assert_eq!(s.tiers, vec![0, 0, 0, 1, 1, 1]);
+        assert_eq!(s.rtt_s, vec![0.0, 0.0, 0.0, REGION_RTT_S, REGION_RTT_S, REGION_RTT_S]);
+        assert_eq!(s.rate_speeds, vec![1.0, 1.0, 1.0, 0.0, 0.0, 0.0], "load is the local region's");
+        let mid = s.warmup_s + (s.duration_s - s.warmup_s) / 2.0;
+        let lost: Vec<usize> = s.speed_changes.iter().map(|c| c.replica).collect();
+        assert_eq!(lost, vec![0, 1]);
+        assert!(s.speed_changes.iter().all(|c| c.at_s == mid && c.speed < 0.34));
+        assert!(!GRID.contains(&"region-spill"), "not part of the goals grid");
+        assert_eq!(Tiering::ALL.map(Tiering::name), ["local-only", "flat", "spill-over"]);
     }
 }

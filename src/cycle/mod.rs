@@ -264,7 +264,7 @@ impl Cycle {
                 if outcome.fresh == 0 {
                     (PoolState::Stale, Some(outcome), None)
                 } else {
-                    let shaped = self.tiers.as_mut().map(|t| t.apply(snap, &outcome.ratios));
+                    let shaped = self.tiers.as_mut().map(|t| t.apply(snap, &outcome.ratios, now));
                     (PoolState::Ok, Some(outcome), shaped)
                 }
             }

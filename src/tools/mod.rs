@@ -22,6 +22,7 @@ use crate::controller::{self, Controller, Output};
 use crate::cycle::change::ChangePolicy;
 use crate::cycle::{Cycle, CycleSettings, Decision, PushResult, Sampled};
 use crate::policy::{PolicyConfig, PoolPolicy};
+use crate::priority::PriorityConfig;
 use crate::source::{Sample, Snapshot};
 use crate::telemetry::Telemetry;
 
@@ -51,6 +52,50 @@ pub fn parse_policy(name: &str, params: &[String]) -> Result<PolicyConfig, Strin
     Ok(cfg)
 }
 
+/// The benchmark's tiers as a config file's `priority:` would give them: tier `k` names its
+/// replicas' ids, the last tier takes the rest; thresholds default as in the config.
+pub fn priority_config(spec: &ControlSpec) -> Result<Option<PriorityConfig>, String> {
+    let Some(&last) = spec.tiers.iter().max() else {
+        // No tiers, but thresholds given: check them the same way (one dummy pair of tiers).
+        if spec.spill_at.is_none() && spec.return_below.is_none() {
+            return Ok(None);
+        }
+        return priority_config(&ControlSpec { tiers: vec![0, 1], ..spec.clone() }).map(|_| None);
+    };
+    let tiers: Vec<serde_json::Value> = (0..=last)
+        .map(|k| {
+            let ids: Vec<String> = (0..spec.tiers.len())
+                .filter(|&r| spec.tiers[r] == k)
+                .map(|r| regex::escape(bench_member(r).as_str()))
+                .collect();
+            match (k == last, ids.is_empty()) {
+                (true, _) => serde_json::json!({ "name": format!("tier{k}") }),
+                (false, true) => serde_json::json!({ "name": format!("tier{k}"), "members": "" }),
+                (false, false) => serde_json::json!({ "name": format!("tier{k}"), "members": ids.join("|") }),
+            }
+        })
+        .collect();
+    let mut obj = serde_json::json!({ "tiers": tiers });
+    if let Some(v) = spec.spill_at {
+        obj["spill_at"] = serde_json::json!(v);
+    }
+    if let Some(v) = spec.return_below {
+        obj["return_below"] = serde_json::json!(v);
+    }
+    let cfg: PriorityConfig = serde_json::from_value(obj).map_err(|e| format!("priority tiers: {e}"))?;
+    let problems = cfg.validate();
+    if !problems.is_empty() {
+        let msg: Vec<String> = problems.into_iter().map(|(f, m)| format!("{f}: {m}")).collect();
+        return Err(format!("--spill-at / --return-below: {}", msg.join("; ")));
+    }
+    Ok(Some(cfg))
+}
+
+/// The member id of replica `r` in the benchmark.
+fn bench_member(r: usize) -> MemberId {
+    MemberId::new(format!("replica-{r:03}:8000"))
+}
+
 /// Builds [`BenchControl`]s for the benchmark.
 pub struct BenchControls;
 
@@ -62,7 +107,8 @@ impl BenchControls {
 
 impl ControlFactory for BenchControls {
     fn check(&self, spec: &ControlSpec) -> Result<(), String> {
-        parse_policy(&spec.policy, &spec.policy_params).map(|_| ())
+        parse_policy(&spec.policy, &spec.policy_params)?;
+        priority_config(spec).map(|_| ())
     }
 
     fn build(&self, spec: &ControlSpec) -> Result<Box<dyn Control>, String> {
@@ -108,9 +154,18 @@ impl BenchControl {
             // What the controller uses for an F5 sink by default (`ChangePolicy::default_for`).
             settings.change = ChangePolicy::CONFIGURATION;
         }
+        let tiers = match priority_config(spec)? {
+            Some(cfg) => {
+                let spill = crate::priority::Spill::new(&cfg)?;
+                let (queue_norm, running_norm) = policy_cfg.norms();
+                let stale_after = Duration::from_secs_f64(spec.stale_after_s.max(0.0));
+                Some(crate::priority::Tiers { spill, stale_after, queue_norm, running_norm })
+            }
+            None => None,
+        };
         Ok(BenchControl {
-            cycle: Cycle::new(settings, policy),
-            members: (0..spec.replicas).map(|r| MemberId::new(format!("replica-{r:03}:8000"))).collect(),
+            cycle: Cycle::new(settings, policy).with_tiers(tiers),
+            members: (0..spec.replicas).map(bench_member).collect(),
             initial: spec.initial_ratio(),
             epoch: Instant::now(),
         })
