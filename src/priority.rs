@@ -241,14 +241,16 @@ impl Spill {
                     && remain > 0
                     && remain_fresh == remain
                     && load_active / (remain as f64) < self.return_below;
-                let since = *self.below_since.get_or_insert(now);
-                if below && now.saturating_duration_since(since) >= self.return_hold {
+                if below
+                    && now.saturating_duration_since(*self.below_since.get_or_insert(now)) >= self.return_hold
+                {
                     self.active = last;
                     moved = Some(false);
                     below = false;
                 }
             }
             if !below {
+                // Spilled, returned, or the condition broke: the next hold starts afresh.
                 self.below_since = None;
             }
         }

@@ -656,6 +656,10 @@ async fn inactive_tiers_become_the_standby_priority_group() {
     assert!(err.to_string().contains("min-active-members 1"), "{err}");
     assert_eq!(count(&d.requests(), |r| r.is_member_write()), 0);
 
+    // Members the sink has not grouped yet (group 0) read back with their ratios, not as standby.
+    let untouched = sink.current().await.unwrap().expect("f5 reads back");
+    assert_eq!(untouched.get(&MemberId::from("10.9.0.1:8000")), Some(1));
+
     // On: east carries traffic, west stands by with its ratio untouched.
     d.set_min_active_members(TIERED, 1);
     let a = sink.apply(&east_only).await.unwrap();

@@ -410,10 +410,9 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
             }
             lb.set_weights(&spec.static_weights);
         }
-        if spec.tiering == Tiering::LocalOnly {
-            lb.set_eligible(sc.tiers.iter().map(|&t| t == 0).collect());
-        } else if spec.tiering == Tiering::SpillOver {
-            // Until the controller's first push: the preferred tier only, as a new pool with tiers.
+        // Local-only for good; spill-over until the controller's first push (a new pool with tiers
+        // starts on its preferred tier).
+        if matches!(spec.tiering, Tiering::LocalOnly | Tiering::SpillOver) {
             lb.set_eligible(sc.tiers.iter().map(|&t| t == 0).collect());
         }
         lbs.push(lb);

@@ -123,11 +123,11 @@ pub struct Knobs {
     #[arg(long, default_value = "proxy")]
     pub lb_kind: String,
     /// `region-spill`, `spill-over`: the local tier's saturation at which the remote one joins
-    /// (the controller's `priority.spill_at`; default 0.85).
+    /// (the controller's `priority.spill_at`; default as in the config file, 0.7).
     #[arg(long)]
     pub spill_at: Option<f64>,
     /// `region-spill`, `spill-over`: the remote tier leaves when the local one would carry the load
-    /// below this (`priority.return_below`; default 0.6).
+    /// below this, held for `priority.return_hold` (5m) (`priority.return_below`; default 0.5).
     #[arg(long)]
     pub return_below: Option<f64>,
     /// How often the epp balancers refresh their metrics.

@@ -128,6 +128,8 @@ pub const DRIFT_STEP_S: f64 = 15.0;
 
 /// Default measured length of the grid scenarios; with the warm-up a run is 12 virtual minutes.
 pub const DEFAULT_DURATION_S: f64 = 720.0;
+pub const DEFAULT_WARMUP_S: f64 = 120.0;
+
 /// `region-spill`: the round trip between the two regions (e.g. US East to US West is 60-80 ms).
 pub const REGION_RTT_S: f64 = 0.08;
 
@@ -156,7 +158,6 @@ impl Tiering {
         }
     }
 }
-pub const DEFAULT_WARMUP_S: f64 = 120.0;
 
 /// Build scenario `name`. `replicas`, `duration_s` and `warmup_s` override the defaults; event times
 /// scale with the measured window.
@@ -250,6 +251,7 @@ pub fn build(
         "shared-backends" => {
             s.external = (0..n).map(|i| [0.6, 0.0, 0.3, 0.0, 0.15, 0.0][i % 6]).collect();
         }
+        "region-spill" if n < 2 => return Err("region-spill needs at least 2 replicas (two regions)".into()),
         "region-spill" => {
             // The first half of the replicas is local (at least one), the rest remote.
             let local = n.div_ceil(2);
@@ -348,6 +350,7 @@ mod tests {
         assert_eq!(lost, vec![0, 1]);
         assert!(s.speed_changes.iter().all(|c| c.at_s == mid && c.speed < 0.34));
         assert!(!GRID.contains(&"region-spill"), "not part of the goals grid");
+        assert!(build("region-spill", Some(1), None, None).unwrap_err().contains("at least 2"));
         assert_eq!(Tiering::ALL.map(Tiering::name), ["local-only", "flat", "spill-over"]);
     }
 }

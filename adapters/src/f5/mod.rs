@@ -197,7 +197,8 @@ impl F5Sink {
         Ok(coll.items)
     }
 
-    /// Read the pool's balancing mode; a warning the first time it is one where ratios do nothing.
+    /// Read the pool: a warning the first time its balancing mode is one where ratios do nothing,
+    /// and, with priority groups, an error while its priority group activation is off.
     async fn check_mode(&self, s: &Session) -> Result<Option<String>, SinkError> {
         let pool: wire::Pool =
             s.call(&Request::get(&self.pool_path()), self.policy).await.map_err(|e| self.pool_error(s, e))?;
@@ -443,8 +444,13 @@ impl RatioSink for F5Sink {
     async fn current(&self) -> Result<Option<Ratios>, SinkError> {
         let s = self.unit().await?;
         // With priority groups, a member of the standby group is an inactive tier: ratio 0, as pushed.
-        let ratio =
-            |m: &wire::Member| if self.groups && m.priority_group < plan::ACTIVE_GROUP { 0 } else { m.ratio };
+        let ratio = |m: &wire::Member| {
+            if self.groups && m.priority_group == plan::STANDBY_GROUP {
+                0
+            } else {
+                m.ratio
+            }
+        };
         Ok(Some(self.read_members(&s).await?.iter().map(|m| (plan::member_id(m), ratio(m))).collect()))
     }
 

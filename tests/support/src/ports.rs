@@ -1,20 +1,19 @@
 //! Free loopback ports for servers started by tests.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::sync::Mutex;
 
 /// Ports this process already handed out. A port is released as soon as it is chosen (the server
 /// that will use it binds it later), and Linux may give the same ephemeral port to the very next
 /// `bind(0)`: two placeholders of one HAProxy template once got the same port that way.
-static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
 /// A port that was free a moment ago and that this process has not handed out before. Across
 /// processes the window in which another test could take it is tiny; servers that can bind port 0
 /// themselves should.
 pub fn free_port() -> u16 {
     let mut seen = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    let seen = seen.get_or_insert_with(HashSet::new);
     for _ in 0..1000 {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
