@@ -299,6 +299,15 @@ impl Config {
                     if p.members.prometheus_up.is_some() {
                         err(at("members.prometheus_up"), "needs a prometheus source");
                     }
+                    for (j, t) in p.priority.iter().flat_map(|pr| pr.tiers.iter()).enumerate() {
+                        if !t.labels.is_empty() {
+                            err(
+                                at(&format!("priority.tiers[{j}].labels")),
+                                "needs a prometheus source (a server's own /metrics carries no cluster or region \
+                                 label); name the tier's members with `members` instead",
+                            );
+                        }
+                    }
                 }
                 Some(SourceConfig::Prometheus(_)) => {}
             }

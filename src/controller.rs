@@ -126,6 +126,14 @@ impl Controller {
                 p.selector.as_deref(),
                 rate_window,
             );
+            // Tiers named by series labels need a query that keeps them (the signal queries
+            // aggregate them away).
+            let tier_labels = p.priority.as_ref().map(|pr| pr.label_names()).filter(|l| !l.is_empty());
+            let labels = tier_labels.map(|l| {
+                let q =
+                    crate::source::profile::labels_promql(&names, &p.join.label, p.selector.as_deref(), &l);
+                (q, l)
+            });
             let sink_cfg = if dry_run { SinkConfig::DryRun } else { p.sink.clone() };
             let sink: Arc<dyn RatioSink> =
                 build_sink(&sink_cfg, &p.name, ctx).map_err(|e| BuildError::Sink(p.name.clone(), e))?.into();
@@ -151,6 +159,7 @@ impl Controller {
                     names,
                     queries,
                     join,
+                    labels,
                 },
                 cycle: Cycle::new(settings, policy).with_tiers(tiers_of(p)),
                 sink,
@@ -535,6 +544,7 @@ impl PoolRuntime {
                 kv_usage: s.and_then(|s| s.kv_usage),
                 latency_s: s.and_then(|s| s.latency),
                 age_s: s.map(|s| s.age.as_secs_f64()),
+                tier: self.cycle.tier_of(member).map(str::to_string),
             }
         };
         match snap {

@@ -228,11 +228,21 @@ fn pool(cfg: &Config, p: &PoolConfig) -> Value {
             .map(|x| {
                 let mut e = Mapping::new();
                 put(&mut e, "name", x.name.as_str());
-                put(
-                    &mut e,
-                    "members",
-                    x.members.clone().unwrap_or_else(|| "every member no other tier names".into()),
-                );
+                match (&x.members, x.labels.is_empty()) {
+                    (None, true) => put(&mut e, "members", "every member no other tier names"),
+                    (m, _) => {
+                        if let Some(m) = m {
+                            put(&mut e, "members", m.as_str());
+                        }
+                        if !x.labels.is_empty() {
+                            let mut l = Mapping::new();
+                            for (k, v) in &x.labels {
+                                put(&mut l, k, v.as_str());
+                            }
+                            put(&mut e, "labels", l);
+                        }
+                    }
+                }
                 Value::Mapping(e)
             })
             .collect();

@@ -1,8 +1,11 @@
 //! Priority pooling: "local first, spill over when local capacity runs out".
 //!
 //! A pool's members are split into ordered tiers (the local cluster or region first, then the next
-//! one); a member's tier is the first whose `members` regex matches its id, and a member no tier
-//! names belongs to the last one. Only the *active* tiers carry traffic: tier 0 always, the next one
+//! one); a member's tier is the first that names it, and a member no tier names belongs to the last
+//! one. A tier names members by a regex on the member id (`members`), by the labels of their series
+//! in Prometheus/Thanos (`labels: { region: east }`, e.g. a Thanos external label, read with a
+//! `group by` query each cycle), or both. Labels are remembered once seen, so a member whose data
+//! goes missing keeps its tier; one whose labels were never seen is in the last tier. Only the *active* tiers carry traffic: tier 0 always, the next one
 //! once the active tiers are saturated, and so on. Inactive tiers get ratio 0, which each load
 //! balancer expresses natively:
 //! - **HAProxy**: weight 0 (`allow_drain: true` is required): no new balanced traffic, health checks
@@ -60,9 +63,13 @@ pub struct PriorityConfig {
 pub struct TierConfig {
     pub name: String,
     /// Regex (anchored) on the member id, e.g. `10\.1\..*` for one cluster's pod network. Leave it
-    /// out on the last tier to mean "everything else".
+    /// and `labels` out on the last tier to mean "everything else".
     #[serde(default)]
     pub members: Option<String>,
+    /// Series labels (name -> anchored regex on the value) every one of which a member's series must
+    /// carry, e.g. `{ cluster: "east-.*" }`. Prometheus sources only.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 mod defaults {
@@ -94,19 +101,38 @@ impl PriorityConfig {
             } else if !names.insert(t.name.as_str()) {
                 errs.push((format!("tiers[{i}].name"), format!("duplicate tier name {:?}", t.name)));
             }
+            let invalid = |e: regex::Error| {
+                format!("invalid regex: {}", e.to_string().lines().last().unwrap_or_default().trim())
+            };
             match &t.members {
                 Some(re) => {
                     if let Err(e) = anchored(re) {
-                        let why = e.to_string().lines().last().unwrap_or_default().trim().to_string();
-                        errs.push((format!("tiers[{i}].members"), format!("invalid regex: {why}")));
+                        errs.push((format!("tiers[{i}].members"), invalid(e)));
                     }
                 }
-                None if i + 1 < self.tiers.len() => errs.push((
+                None if t.labels.is_empty() && i + 1 < self.tiers.len() => errs.push((
                     format!("tiers[{i}].members"),
-                    "only the last tier may leave `members` out (it takes every member no other tier names)"
+                    "only the last tier may leave both `members` and `labels` out (it takes every member no \
+                     other tier names)"
                         .into(),
                 )),
                 None => {}
+            }
+            for (name, re) in &t.labels {
+                let valid_name = name
+                    .chars()
+                    .enumerate()
+                    .all(|(j, c)| c == '_' || c.is_ascii_alphabetic() || (j > 0 && c.is_ascii_digit()))
+                    && !name.is_empty();
+                if !valid_name || name.starts_with("__") {
+                    errs.push((
+                        format!("tiers[{i}].labels.{name}"),
+                        "not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)".into(),
+                    ));
+                }
+                if let Err(e) = anchored(re) {
+                    errs.push((format!("tiers[{i}].labels.{name}"), invalid(e)));
+                }
             }
         }
         if !(self.spill_at > 0.0 && self.spill_at <= 1.0) {
@@ -129,6 +155,34 @@ fn anchored(re: &str) -> Result<regex::Regex, regex::Error> {
     regex::Regex::new(&format!("^(?:{re})$"))
 }
 
+impl PriorityConfig {
+    /// The series labels the tiers name, which the source must report per member.
+    pub fn label_names(&self) -> Vec<String> {
+        let names: std::collections::BTreeSet<&String> =
+            self.tiers.iter().flat_map(|t| t.labels.keys()).collect();
+        names.into_iter().cloned().collect()
+    }
+}
+
+/// How one tier names its members; a tier with neither part names none (the last, catch-all tier).
+struct TierMatch {
+    members: Option<regex::Regex>,
+    labels: Vec<(String, regex::Regex)>,
+}
+
+impl TierMatch {
+    fn names(&self, m: &MemberId, labels: Option<&BTreeMap<String, String>>) -> bool {
+        if self.members.is_none() && self.labels.is_empty() {
+            return false;
+        }
+        self.members.as_ref().is_none_or(|re| re.is_match(m.as_str()))
+            && self
+                .labels
+                .iter()
+                .all(|(name, re)| labels.and_then(|l| l.get(name)).is_some_and(|v| re.is_match(v)))
+    }
+}
+
 /// What one cycle decided.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpillStep {
@@ -144,7 +198,9 @@ pub struct SpillStep {
 /// A pool's tier state across cycles.
 pub struct Spill {
     names: Vec<String>,
-    matchers: Vec<Option<regex::Regex>>,
+    matchers: Vec<TierMatch>,
+    /// The tier labels last seen for each member (kept while the member's data is missing).
+    labels: BTreeMap<MemberId, BTreeMap<String, String>>,
     spill_at: f64,
     return_below: f64,
     return_hold: std::time::Duration,
@@ -160,11 +216,20 @@ impl Spill {
         let matchers = cfg
             .tiers
             .iter()
-            .map(|t| t.members.as_deref().map(anchored).transpose().map_err(|e| e.to_string()))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|t| {
+                let members = t.members.as_deref().map(anchored).transpose().map_err(|e| e.to_string())?;
+                let labels = t
+                    .labels
+                    .iter()
+                    .map(|(k, v)| anchored(v).map(|re| (k.clone(), re)).map_err(|e| e.to_string()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(TierMatch { members, labels })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
         Ok(Spill {
             names: cfg.tiers.iter().map(|t| t.name.clone()).collect(),
             matchers,
+            labels: BTreeMap::new(),
             spill_at: cfg.spill_at,
             return_below: cfg.return_below,
             return_hold: cfg.return_hold,
@@ -175,10 +240,20 @@ impl Spill {
 
     /// The tier of a member: the first that names it, else the last.
     pub fn tier_of(&self, m: &MemberId) -> usize {
-        self.matchers
-            .iter()
-            .position(|re| re.as_ref().is_some_and(|re| re.is_match(m.as_str())))
-            .unwrap_or(self.matchers.len().saturating_sub(1))
+        let labels = self.labels.get(m);
+        self.matchers.iter().position(|t| t.names(m, labels)).unwrap_or(self.matchers.len().saturating_sub(1))
+    }
+
+    /// Take in the labels a source reported this cycle; members no longer in `members` are
+    /// forgotten, members without a report keep what was last seen.
+    pub fn learn(&mut self, members: &[MemberId], seen: &BTreeMap<MemberId, BTreeMap<String, String>>) {
+        for (m, l) in seen {
+            self.labels.insert(m.clone(), l.clone());
+        }
+        if self.labels.len() > members.len() {
+            let keep: std::collections::BTreeSet<&MemberId> = members.iter().collect();
+            self.labels.retain(|m, _| keep.contains(m));
+        }
     }
 
     pub fn tier_name(&self, tier: usize) -> &str {
@@ -280,6 +355,7 @@ impl Tiers {
         now: std::time::Instant,
     ) -> (Ratios, SpillStep) {
         let members: Vec<MemberId> = snap.members.keys().cloned().collect();
+        self.spill.learn(&members, &snap.labels);
         let loads = fresh_loads(snap, self.stale_after, self.queue_norm, self.running_norm);
         let step = self.spill.step(&members, &loads, now);
         (self.spill.shape(ratios), step)
@@ -311,8 +387,12 @@ mod tests {
     fn cfg() -> PriorityConfig {
         PriorityConfig {
             tiers: vec![
-                TierConfig { name: "east".into(), members: Some(r"10\.1\..*".into()) },
-                TierConfig { name: "west".into(), members: None },
+                TierConfig {
+                    name: "east".into(),
+                    members: Some(r"10\.1\..*".into()),
+                    labels: BTreeMap::new(),
+                },
+                TierConfig { name: "west".into(), members: None, labels: BTreeMap::new() },
             ],
             spill_at: 0.85,
             return_below: 0.6,
@@ -345,6 +425,64 @@ mod tests {
         assert_eq!(s.tier_of(&MemberId::from("10.2.0.1:8000")), 1);
         // Anchored: a member merely containing the pattern is not in the tier.
         assert_eq!(s.tier_of(&MemberId::from("110.1.0.1:8000")), 1);
+    }
+
+    #[test]
+    fn tiers_named_by_labels_follow_what_the_source_saw_and_remember_it() {
+        let by_label = |k: &str, v: &str| [(k.to_string(), v.to_string())].into_iter().collect();
+        let c = PriorityConfig {
+            tiers: vec![
+                TierConfig { name: "east".into(), members: None, labels: by_label("cluster", "east-.*") },
+                TierConfig { name: "west".into(), members: None, labels: BTreeMap::new() },
+            ],
+            ..cfg()
+        };
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        assert_eq!(c.label_names(), ["cluster"]);
+        let mut s = Spill::new(&c).expect("valid");
+        let (a, b, x) = (MemberId::from("a:1"), MemberId::from("b:1"), MemberId::from("x:1"));
+        let members = vec![a.clone(), b.clone(), x.clone()];
+        // Never seen: the last tier.
+        assert_eq!(s.tier_of(&a), 1);
+        let seen: BTreeMap<MemberId, BTreeMap<String, String>> = [
+            (a.clone(), by_label("cluster", "east-1")),
+            (b.clone(), by_label("cluster", "west-1")),
+            (x.clone(), BTreeMap::new()),
+        ]
+        .into_iter()
+        .collect();
+        s.learn(&members, &seen);
+        assert_eq!([&a, &b, &x].map(|m| s.tier_of(m)), [0, 1, 1]);
+        // a's data goes missing this cycle: it keeps its tier.
+        s.learn(&members, &BTreeMap::new());
+        assert_eq!(s.tier_of(&a), 0);
+        // a leaves the pool: forgotten.
+        s.learn(&members[1..], &BTreeMap::new());
+        assert_eq!(s.tier_of(&a), 1);
+        // Both parts given: both must match.
+        let both = TierConfig {
+            name: "e".into(),
+            members: Some("a:.*".into()),
+            labels: by_label("cluster", "east-.*"),
+        };
+        let mut s =
+            Spill::new(&PriorityConfig { tiers: vec![both, c.tiers[1].clone()], ..cfg() }).expect("valid");
+        s.learn(&members, &seen);
+        assert_eq!([&a, &b].map(|m| s.tier_of(m)), [0, 1]);
+        // Bad label names and regexes are named by field.
+        let bad = PriorityConfig {
+            tiers: vec![
+                TierConfig {
+                    name: "e".into(),
+                    members: None,
+                    labels: [("__name__".into(), "(".into())].into(),
+                },
+                c.tiers[1].clone(),
+            ],
+            ..cfg()
+        };
+        let fields: Vec<String> = bad.validate().into_iter().map(|(f, _)| f).collect();
+        assert_eq!(fields, ["tiers[0].labels.__name__", "tiers[0].labels.__name__"]);
     }
 
     #[test]

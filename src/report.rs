@@ -52,6 +52,9 @@ pub struct MemberReport {
     pub latency_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub age_s: Option<f64>,
+    /// Priority pooling: the member's tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
 }
 
 impl CycleReport {

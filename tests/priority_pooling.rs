@@ -1,6 +1,8 @@
 //! Priority pooling end to end on a real HAProxy: the controller binary keeps the remote tier at
 //! weight 0 while the local tier has room, spills to it when the local tier saturates, and takes it
-//! back out once the load fits the local tier again (below the lower threshold: hysteresis).
+//! back out once the load fits the local tier again (below the lower threshold: hysteresis); tiers
+//! can also be named by a label of the members' series in a real Prometheus (a Thanos external label
+//! such as `cluster` in a real multi-cluster setup).
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
@@ -8,6 +10,7 @@ use std::time::Duration;
 
 use llm_lc_testkit::haproxy::{standard_config, Haproxy};
 use llm_lc_testkit::metrics_target::{vllm_text, MetricsTarget};
+use llm_lc_testkit::prometheus::Prometheus;
 use llm_lc_testkit::{ports, wait};
 
 const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
@@ -143,6 +146,80 @@ async fn the_remote_tier_gets_traffic_only_while_the_local_one_is_saturated() {
     assert_eq!(log.matches("returned from the last tier").count(), 1, "{log}");
 }
 
+/// One `run --once --dry-run --output json` of `cfg`: the pool's report.
+fn once(cfg: &std::path::Path) -> serde_json::Value {
+    let out = Command::new(BIN)
+        .args(["run", "--dry-run", "--once", "--output", "json", "--config"])
+        .arg(cfg)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let line = stdout.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON in {stdout}"));
+    let report: serde_json::Value = serde_json::from_str(line).expect("JSON");
+    report["pools"][0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiers_named_by_a_prometheus_label_spill_by_cluster() {
+    // Every member is 127.0.0.1:<port>: only the `cluster` label Prometheus attaches tells the
+    // clusters apart, as a Thanos external label does across real clusters.
+    let east = [MetricsTarget::vllm(0.0, 8.0, 0.3).await, MetricsTarget::vllm(0.0, 8.0, 0.3).await];
+    let west = [MetricsTarget::vllm(0.0, 0.0, 0.0).await, MetricsTarget::vllm(0.0, 0.0, 0.0).await];
+    let east_ids: Vec<String> = east.iter().map(|t| t.member()).collect();
+    let west_ids: Vec<String> = west.iter().map(|t| t.member()).collect();
+    let prom = Prometheus::start_labelled(
+        "vllm",
+        &[(&[("cluster", "east-1")], &east_ids), (&[("cluster", "west-1")], &west_ids)],
+    )
+    .await;
+    prom.wait_for_series("vllm:num_requests_waiting", 8, Duration::from_secs(30)).await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen: 127.0.0.1:0\nsources:\n  thanos: {{ kind: prometheus, url: '{}' }}\npools:\n  - name: llm\n    source: thanos\n    selector: 'job=\"vllm\"'\n    members: {{ prometheus_up: '{{job=\"vllm\"}}' }}\n    priority:\n      tiers:\n        - {{ name: east, labels: {{ cluster: 'east-.*' }} }}\n        - {{ name: west }}\n      spill_at: 0.8\n",
+            prom.url()
+        ),
+    )
+    .expect("config");
+    let ratio_of = |pool: &serde_json::Value, id: &str| -> (u64, String) {
+        let m = pool["members"].as_array().expect("members").iter().find(|m| m["member"] == id).cloned();
+        let m = m.unwrap_or_else(|| panic!("{id} missing in {pool}"));
+        (m["ratio"].as_u64().expect("ratio"), m["tier"].as_str().unwrap_or_default().to_string())
+    };
+
+    // East has room: west members are in tier west at ratio 0, east ones in tier east above 0.
+    let pool = once(&cfg);
+    assert_eq!(pool["active_tiers"], serde_json::json!(["east"]), "{pool}");
+    for id in &east_ids {
+        let (r, tier) = ratio_of(&pool, id);
+        assert!(r > 0 && tier == "east", "{id}: {r} {tier}: {pool}");
+    }
+    for id in &west_ids {
+        assert_eq!(ratio_of(&pool, id), (0, "west".to_string()), "{pool}");
+    }
+
+    // East saturates (as Prometheus sees it): the pool spills to west.
+    for t in &east {
+        t.set(&vllm_text(20.0, 64.0, 0.97));
+    }
+    wait::until(Duration::from_secs(20), "Prometheus sees east saturated", || async {
+        let rows = prom.query("sum(vllm:num_requests_waiting{cluster=\"east-1\"})").await;
+        let v = rows.first().and_then(|r| r["value"][1].as_str()?.parse::<f64>().ok());
+        (v == Some(40.0)).then_some(())
+    })
+    .await;
+    let pool = once(&cfg);
+    assert_eq!(pool["active_tiers"], serde_json::json!(["east", "west"]), "{pool}");
+    for id in &west_ids {
+        let (r, tier) = ratio_of(&pool, id);
+        assert!(r > 0 && tier == "west", "{id}: {r} {tier}: {pool}");
+    }
+}
+
 #[test]
 fn sinks_that_cannot_express_an_inactive_tier_are_refused_by_check() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -174,4 +251,15 @@ fn sinks_that_cannot_express_an_inactive_tier_are_refused_by_check() {
     assert_eq!(code, Some(0), "{err}");
     let (code, err) = check("{ kind: envoy, cluster: vllm }");
     assert_eq!(code, Some(0), "{err}");
+    // Tiers by label need series labels, which a scrape source does not have.
+    let p = dir.path().join("c.yaml");
+    std::fs::write(
+        &p,
+        "sources:\n  direct: { kind: scrape }\npools:\n  - name: llm\n    source: direct\n    members: { static: ['10.1.0.1:80'] }\n    priority: { tiers: [{ name: east, labels: { cluster: east } }, { name: west }] }\n    sink: { kind: envoy, cluster: vllm }\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN).args(["check", "--config"]).arg(&p).output().expect("check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("pools[0].priority.tiers[0].labels: needs a prometheus source"), "{err}");
 }

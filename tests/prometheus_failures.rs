@@ -25,6 +25,7 @@ fn pool() -> PoolQuery {
         queries: promql(&names, &QueryOverrides::default(), "instance", None, Duration::from_secs(60)),
         names,
         join: Join::new(&JoinConfig::default()).expect("join"),
+        labels: None,
     }
 }
 

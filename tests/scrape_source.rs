@@ -28,6 +28,7 @@ fn pool(members: &[String]) -> PoolQuery {
         names: ProfileName::Vllm.metric_names(),
         queries: vec![],
         join: Join::new(&JoinConfig::default()).expect("join"),
+        labels: None,
     }
 }
 

@@ -57,6 +57,7 @@ fn pool(addrs: &[std::net::SocketAddr], profile: ProfileName) -> PoolQuery {
         names: profile.metric_names(),
         queries: Vec::new(),
         join: Join::new(&JoinConfig::default()).expect("default join"),
+        labels: None,
     }
 }
 

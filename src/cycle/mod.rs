@@ -227,6 +227,11 @@ impl Cycle {
 
     /// With priority pooling: ratios of inactive tiers are pushed as 0. The policy keeps computing
     /// every member's ratio (its memory stays whole), so a tier that comes back starts from its own.
+    /// The name of `m`'s priority tier, when the pool has tiers.
+    pub fn tier_of(&self, m: &MemberId) -> Option<&str> {
+        self.tiers.as_ref().map(|t| t.spill.tier_name(t.spill.tier_of(m)))
+    }
+
     pub fn with_tiers(mut self, tiers: Option<crate::priority::Tiers>) -> Self {
         self.tiers = tiers;
         self

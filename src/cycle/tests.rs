@@ -31,6 +31,7 @@ fn fresh() -> Snapshot {
         .collect(),
         rejected: vec![],
         failures: vec![],
+        labels: Default::default(),
     }
 }
 
@@ -41,6 +42,7 @@ fn stale() -> Snapshot {
             .collect(),
         rejected: vec![],
         failures: vec![],
+        labels: Default::default(),
     }
 }
 
@@ -215,6 +217,7 @@ fn stale_equal_load() -> Snapshot {
         .collect(),
         rejected: vec![],
         failures: vec![],
+        labels: Default::default(),
     }
 }
 
@@ -267,6 +270,7 @@ fn loads(a_kv: f64) -> Snapshot {
         .collect(),
         rejected: vec![],
         failures: vec![],
+        labels: Default::default(),
     }
 }
 
@@ -370,6 +374,7 @@ fn a_replica_slowed_to_a_third_is_written_within_three_cycles_under_the_f5_chang
             .collect(),
         rejected: vec![],
         failures: vec![],
+        labels: Default::default(),
     };
     let three: Vec<MemberId> = ["a:1", "b:1", "c:1"].into_iter().map(MemberId::from).collect();
     let mut now = t0;

@@ -242,6 +242,7 @@ pub(crate) mod testutil {
             members: members.iter().map(|(m, s)| (MemberId::from(*m), s.clone())).collect(),
             rejected: vec![],
             failures: vec![],
+            labels: Default::default(),
         }
     }
 

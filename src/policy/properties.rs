@@ -40,6 +40,7 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
             .collect(),
         rejected: vec![],
         failures: vec![],
+        labels: Default::default(),
     })
 }
 
@@ -76,6 +77,7 @@ proptest! {
                 members: (0..n).map(|i| (MemberId::new(format!("m{i}:1")), Some(sample(w, r, kv)))).collect(),
                 rejected: vec![],
  failures: vec![],
+ labels: Default::default(),
             };
             let prev: Ratios = s.members.keys().map(|m| (m.clone(), start)).collect();
             let o = p.compute(&s, &prev);
@@ -96,6 +98,7 @@ proptest! {
                 members: loads.iter().enumerate().map(|(i, (w, kv))| (MemberId::new(format!("m{i}:1")), Some(sample(w.floor(), 8.0, *kv)))).collect(),
                 rejected: vec![],
  failures: vec![],
+ labels: Default::default(),
             };
             // The same previous state for everyone, then the same loads for a few cycles.
             let mut prev: Ratios = s.members.keys().map(|m| (m.clone(), start)).collect();
@@ -130,6 +133,7 @@ proptest! {
                 members: (0..n).map(|i| (MemberId::new(format!("m{i}:1")), Some(sample(0.0, 0.0, 0.0)))).collect(),
                 rejected: vec![],
  failures: vec![],
+ labels: Default::default(),
             };
             let o = p.compute(&s, &prev_for(&s, &prev));
             let first = o.ratios.iter().next().map(|(_, r)| r);

@@ -50,6 +50,9 @@ pub struct Snapshot {
     /// Members that could not be read this cycle, with a bounded reason (a metric label) and the
     /// details (for a log line). Each is also `None` in `members`.
     pub failures: Vec<MemberFailure>,
+    /// Per member, the values of the series labels the pool's priority tiers name (Prometheus
+    /// sources, pools with `labels` in a tier; empty otherwise).
+    pub labels: BTreeMap<MemberId, BTreeMap<String, String>>,
 }
 
 /// Why one member has no sample this cycle. A small closed set, so it can be a metric label.
@@ -178,6 +181,8 @@ pub struct PoolQuery {
     /// PromQL per signal (Prometheus sources).
     pub queries: Vec<(Signal, String)>,
     pub join: Join,
+    /// PromQL whose series carry the labels priority tiers name, with the labels to keep.
+    pub labels: Option<(String, Vec<String>)>,
 }
 
 /// Raw values per signal per member, before validation. Filled in member order where a source reads

@@ -216,6 +216,23 @@ pub fn promql(
     out
 }
 
+/// The query that tells which tier labels each member's series carry: one row per member and label
+/// combination, from the first waiting metric (`up` when none is known), so Thanos external labels
+/// and target labels both show.
+pub fn labels_promql(
+    names: &MetricNames,
+    join_label: &str,
+    selector: Option<&str>,
+    labels: &[String],
+) -> String {
+    let metric = names.waiting.first().map(String::as_str).unwrap_or("up");
+    let sel = match selector {
+        Some(s) if !s.trim().is_empty() => format!("{metric}{{{s}}}"),
+        _ => metric.to_string(),
+    };
+    format!("group by ({join_label}, {}) ({sel})", labels.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

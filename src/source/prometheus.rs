@@ -218,8 +218,12 @@ impl PrometheusSource {
             Err(e) => return pools.iter().map(|_| Err(e.clone())).collect(),
         };
         // Each distinct query once, however many pools need it.
-        let distinct: BTreeSet<&str> =
-            pools.iter().flat_map(|p| p.queries.iter().map(|(_, q)| q.as_str())).collect();
+        let distinct: BTreeSet<&str> = pools
+            .iter()
+            .flat_map(|p| {
+                p.queries.iter().map(|(_, q)| q.as_str()).chain(p.labels.as_ref().map(|(q, _)| q.as_str()))
+            })
+            .collect();
         // A loop, not a closure: closures returning borrowing futures make callers' futures !Send.
         let mut queries = Vec::with_capacity(distinct.len());
         for q in &distinct {
@@ -319,6 +323,15 @@ impl PrometheusSource {
             }
         }
         snap.failures = failures;
+        if let Some((q, names)) = &pool.labels {
+            match by_query.get(q.as_str()) {
+                Some(Ok(rows)) => snap.labels = member_labels(rows, &pool.join, &pool.members, names),
+                Some(Err(e)) => {
+                    tracing::warn!(source = %self.name, error = %e, "tier labels unavailable; members keep the tiers last seen")
+                }
+                None => {}
+            }
+        }
         Ok(snap)
     }
 
@@ -332,6 +345,28 @@ impl PrometheusSource {
             .collect();
         Ok(members.into_iter().collect())
     }
+}
+
+/// The values of `names` on each member's rows; a member with rows that disagree (two clusters
+/// claiming one address) keeps the first row's.
+fn member_labels(
+    rows: &Rows,
+    join: &Join,
+    members: &[MemberId],
+    names: &[String],
+) -> BTreeMap<MemberId, BTreeMap<String, String>> {
+    let wanted: BTreeSet<&MemberId> = members.iter().collect();
+    let mut out = BTreeMap::new();
+    for (labels, _, _) in rows {
+        let Some(m) = labels.get(&join.label).map(|v| join.member(v)) else { continue };
+        if !wanted.contains(&m) || out.contains_key(&m) {
+            continue;
+        }
+        let kept: BTreeMap<String, String> =
+            names.iter().filter_map(|n| Some((n.clone(), labels.get(n)?.clone()))).collect();
+        out.insert(m, kept);
+    }
+    out
 }
 
 /// The start of a non-JSON error body on one line, for messages.

@@ -278,6 +278,7 @@ vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 4.0
             names: names(),
             queries: vec![],
             join: super::super::Join::new(&Default::default()).expect("join"),
+            labels: None,
         }
     }
 

@@ -190,6 +190,7 @@ impl BenchControl {
                 .collect(),
             rejected: vec![],
             failures: vec![],
+            labels: Default::default(),
         }
     }
 

@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use crate::{ports, wait};
 
+/// Target labels, and the targets (`host:port`) that carry them.
+pub type TargetGroup<'a> = (&'a [(&'a str, &'a str)], &'a [String]);
+
 pub struct Prometheus {
     child: Child,
     port: u16,
@@ -29,10 +32,24 @@ fn binary() -> PathBuf {
 impl Prometheus {
     /// Start Prometheus scraping `targets` (`host:port`) as job `job` every second, and wait until it is ready.
     pub async fn start(job: &str, targets: &[String]) -> Prometheus {
+        Self::start_labelled(job, &[(&[], targets)]).await
+    }
+
+    /// Like [`Prometheus::start`], with target labels per group of targets (what a Thanos external
+    /// label or a relabelling rule adds in a real setup), e.g. `[(&[("region", "east")], targets)]`.
+    pub async fn start_labelled(job: &str, groups: &[TargetGroup<'_>]) -> Prometheus {
         let dir = tempfile::tempdir().expect("temp dir");
-        let list = targets.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
+        let mut static_configs = String::new();
+        for (labels, targets) in groups {
+            let list = targets.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
+            static_configs.push_str(&format!("      - targets: [{list}]\n"));
+            if !labels.is_empty() {
+                let l = labels.iter().map(|(k, v)| format!("{k}: '{v}'")).collect::<Vec<_>>().join(", ");
+                static_configs.push_str(&format!("        labels: {{ {l} }}\n"));
+            }
+        }
         let cfg = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: '{job}'\n    scrape_interval: 1s\n    scrape_timeout: 900ms\n    static_configs:\n      - targets: [{list}]\n"
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: '{job}'\n    scrape_interval: 1s\n    scrape_timeout: 900ms\n    static_configs:\n{static_configs}"
         );
         let cfg_path = dir.path().join("prometheus.yml");
         std::fs::write(&cfg_path, cfg).expect("write prometheus.yml");
