@@ -249,7 +249,14 @@ fn pool(cfg: &Config, p: &PoolConfig) -> Value {
         put(&mut t, "tiers", Value::Sequence(tiers));
         put(&mut t, "spill_at", pr.spill_at);
         put(&mut t, "return_below", pr.return_below);
-        put(&mut t, "inactive_tiers", "ratio 0 (HAProxy weight 0, left out of Envoy's assignment)");
+        let inactive = match &p.sink {
+            SinkConfig::Haproxy(_) => "weight 0",
+            SinkConfig::Envoy(e) if e.priority_levels => "priority 1 in Envoy's assignment (weight 1)",
+            SinkConfig::Envoy(_) => "left out of Envoy's assignment",
+            SinkConfig::F5(_) => "priority group 1 (active tiers in group 2)",
+            SinkConfig::DryRun | SinkConfig::Webhook(_) => "ratio 0",
+        };
+        put(&mut t, "inactive_tiers", inactive);
         put(&mut m, "priority", t);
     }
     put(&mut m, "push_timeout", p.push_timeout.map(dur).unwrap_or_else(|| "three intervals".into()));

@@ -11,7 +11,9 @@
 //! - **HAProxy**: weight 0 (`allow_drain: true` is required): no new balanced traffic, health checks
 //!   and stickiness untouched. HAProxy's `backup` flag cannot be set at run time, and it only spills
 //!   when every primary server is down, not when they are busy.
-//! - **Envoy**: the member is left out of the EDS assignment (Envoy rejects weight 0), so it drains.
+//! - **Envoy**: Envoy rejects weight 0, so the member is left out of the EDS assignment (it drains),
+//!   or with `priority_levels: true` on the sink given at priority 1: Envoy sends it nothing while
+//!   priority 0 is healthy and fails over to it by itself if priority 0 goes down.
 //! - **BIG-IP**: priority groups (`priority_groups: true` on the f5 sink): active members in group 2,
 //!   inactive ones in group 1, with the pool's priority group activation on (`minActiveMembers` >= 1,
 //!   checked by the sink). BIG-IP has no ratio 0; sideband mode cannot express tiers and is refused.

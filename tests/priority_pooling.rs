@@ -146,6 +146,73 @@ async fn the_remote_tier_gets_traffic_only_while_the_local_one_is_saturated() {
     assert_eq!(log.matches("returned from the last tier").count(), 1, "{log}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_keeps_the_inactive_tier_at_priority_one() {
+    use llm_lc_testkit::envoy::{rewrite, Envoy};
+    let east = [MetricsTarget::vllm(0.0, 8.0, 0.3).await, MetricsTarget::vllm(0.0, 8.0, 0.3).await];
+    let west = [MetricsTarget::vllm(0.0, 0.0, 0.0).await, MetricsTarget::vllm(0.0, 0.0, 0.0).await];
+    let east_ids: Vec<String> = east.iter().map(|t| t.member()).collect();
+    let west_ids: Vec<String> = west.iter().map(|t| t.member()).collect();
+    let list = east_ids.iter().chain(&west_ids).map(|m| format!("'{m}'")).collect::<Vec<_>>().join(", ");
+    let east_re = format!("127\\.0\\.0\\.1:({}|{})", east[0].addr.port(), east[1].addr.port());
+    let dir = tempfile::tempdir().expect("tmp");
+    let listen = ports::free_port();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interval: 200ms\nlisten: 127.0.0.1:{listen}\nsources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: [{list}] }}\n    priority:\n      tiers:\n        - {{ name: east, members: '{east_re}' }}\n        - {{ name: west }}\n      spill_at: 0.8\n    sink: {{ kind: envoy, cluster: vllm, priority_levels: true }}\n"
+        ),
+    )
+    .expect("config");
+    let _run = Running(
+        Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("stderr.log")).expect("log"))
+            .spawn()
+            .expect("start"),
+        dir,
+    );
+    let shipped = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/envoy/envoy-eds-least-request.yaml"),
+    )
+    .expect("shipped bootstrap");
+    let eds = format!("address: 127.0.0.1, port_value: {listen}");
+    let envoy = Envoy::start(&rewrite(
+        &shipped,
+        &[
+            ("address: 127.0.0.1, port_value: 9901", "address: 127.0.0.1, port_value: 0"),
+            ("address: 0.0.0.0, port_value: 10000", "address: 127.0.0.1, port_value: 0"),
+            ("address: llm-load-controller, port_value: 9090", &eds),
+            ("refresh_delay: 2s", "refresh_delay: 1s"),
+        ],
+    ))
+    .await;
+    let levels = |p: &BTreeMap<String, u32>, ids: &[String]| -> Vec<Option<u32>> {
+        ids.iter().map(|m| p.get(m).copied()).collect()
+    };
+    // East has room: every member is in Envoy, west at priority 1 (standby), east at 0.
+    wait::until(Duration::from_secs(30), "west at priority 1 in Envoy", || async {
+        let p = envoy.priorities("vllm").await?;
+        (levels(&p, &east_ids) == [Some(0), Some(0)] && levels(&p, &west_ids) == [Some(1), Some(1)])
+            .then_some(())
+    })
+    .await;
+    // East saturates: everything at priority 0.
+    for t in &east {
+        t.set(&vllm_text(20.0, 64.0, 0.97));
+    }
+    wait::until(Duration::from_secs(30), "west promoted to priority 0", || async {
+        let p = envoy.priorities("vllm").await?;
+        (levels(&p, &west_ids) == [Some(0), Some(0)] && p.len() == 4).then_some(())
+    })
+    .await;
+    assert_eq!(envoy.stat("cluster.vllm.update_rejected").await.unwrap_or(0), 0, "{}", envoy.log());
+}
+
 /// One `run --once --dry-run --output json` of `cfg`: the pool's report.
 fn once(cfg: &std::path::Path) -> serde_json::Value {
     let out = Command::new(BIN)

@@ -246,6 +246,7 @@ fn cla_to_proto(cla: &wire::ClusterLoadAssignment) -> ep::ClusterLoadAssignment 
                         ..Default::default()
                     })
                     .collect(),
+                priority: loc.priority,
                 ..Default::default()
             })
             .collect(),
@@ -275,6 +276,7 @@ mod tests {
                     },
                     load_balancing_weight: 7,
                 }],
+                priority: 0,
             }],
         };
         let resp = wire::DiscoveryResponse {

@@ -4,6 +4,10 @@
 //! - A ratio of 0 means "no new traffic". Envoy rejects a whole update if any `load_balancing_weight`
 //!   is 0 (and keeps the old one), so a member at 0 is left out of the assignment instead: Envoy
 //!   removes it, which is exactly "drain". It is remembered as drained so `current()` still shows it.
+//!   With `standby` (the sink's `priority_levels`, for priority tiers) a member at 0 is given to
+//!   Envoy at priority 1 with weight 1 instead: no traffic while priority 0 is healthy, health
+//!   checked and connected all the same, and Envoy's own failover if priority 0 goes down between
+//!   two cycles.
 //! - Nothing to serve (no member, or every member at 0) is an error, never an empty assignment: an
 //!   empty one would remove every endpoint of the cluster.
 //! - Weights are sent as given (so `/clusters` shows the controller's numbers), unless their sum
@@ -81,6 +85,9 @@ impl std::fmt::Display for NothingToServe {
     }
 }
 
+/// The priority level members of inactive tiers are given at, with `standby`.
+pub const STANDBY_PRIORITY: u32 = 1;
+
 /// Envoy's limit on the sum of endpoint weights in one locality.
 pub const MAX_WEIGHT_SUM: u64 = u32::MAX as u64;
 
@@ -89,6 +96,7 @@ pub const MAX_WEIGHT_SUM: u64 = u32::MAX as u64;
 pub fn build(
     cluster: &str,
     members: &[(Resolved, u32)],
+    standby: bool,
 ) -> Result<(Assignment, Vec<String>), NothingToServe> {
     if members.is_empty() {
         return Err(NothingToServe::NoMembers);
@@ -100,6 +108,8 @@ pub fn build(
     let mut drained = BTreeSet::new();
     let mut seen: BTreeMap<SocketAddr, &MemberId> = BTreeMap::new();
     let mut live: Vec<(&Resolved, u32)> = Vec::new();
+    // Members at 0, in member order: the standby priority's endpoints when `standby`.
+    let mut parked: Vec<&Resolved> = Vec::new();
     for (r, ratio) in sorted {
         if let Some(first) = seen.get(&r.addr) {
             warnings.push(format!(
@@ -111,6 +121,7 @@ pub fn build(
         seen.insert(r.addr, &r.member);
         if *ratio == 0 {
             drained.insert(r.member.clone());
+            parked.push(r);
         } else {
             live.push((r, *ratio));
         }
@@ -126,27 +137,31 @@ pub fn build(
         ));
     }
 
+    let endpoint = |r: &Resolved, w: u32| LbEndpoint {
+        endpoint: Endpoint {
+            address: Address {
+                socket_address: SocketAddress { address: r.addr.ip().to_string(), port_value: r.addr.port() },
+            },
+            hostname: r.hostname.clone(),
+        },
+        load_balancing_weight: w,
+    };
     let mut served = BTreeMap::new();
     let mut lb_endpoints = Vec::with_capacity(live.len());
     for ((r, _), w) in live.iter().zip(weights) {
         served.insert(r.member.clone(), w);
-        lb_endpoints.push(LbEndpoint {
-            endpoint: Endpoint {
-                address: Address {
-                    socket_address: SocketAddress {
-                        address: r.addr.ip().to_string(),
-                        port_value: r.addr.port(),
-                    },
-                },
-                hostname: r.hostname.clone(),
-            },
-            load_balancing_weight: w,
-        });
+        lb_endpoints.push(endpoint(r, w));
+    }
+    let mut endpoints = vec![LocalityLbEndpoints { lb_endpoints, priority: 0 }];
+    if standby && !drained.is_empty() {
+        // In member order, like the served ones (the version must not depend on input order).
+        let standby: Vec<LbEndpoint> = parked.iter().map(|r| endpoint(r, 1)).collect();
+        endpoints.push(LocalityLbEndpoints { lb_endpoints: standby, priority: STANDBY_PRIORITY });
     }
     let cla = ClusterLoadAssignment {
         type_url: CLA_TYPE_URL.to_string(),
         cluster_name: cluster.to_string(),
-        endpoints: vec![LocalityLbEndpoints { lb_endpoints }],
+        endpoints,
     };
     let version = version_of(&cla);
     Ok((Assignment { cla, version, held: Held { served, drained } }, warnings))
@@ -182,11 +197,20 @@ pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
-/// Read an assignment back into held weights, naming each endpoint as the controller names members:
+/// Read an assignment back into held weights (priority 0), naming each endpoint as the controller names members:
 /// `hostname:port` when a hostname is set, else `ip:port` (`[ip]:port` for IPv6).
 pub fn served_from(cla: &ClusterLoadAssignment) -> BTreeMap<MemberId, u32> {
+    at_priority(cla, |p| p == 0)
+}
+
+/// The members an assignment holds at a standby priority (> 0): ratio 0 for the controller.
+pub fn standby_from(cla: &ClusterLoadAssignment) -> BTreeSet<MemberId> {
+    at_priority(cla, |p| p > 0).into_keys().collect()
+}
+
+fn at_priority(cla: &ClusterLoadAssignment, wanted: impl Fn(u32) -> bool) -> BTreeMap<MemberId, u32> {
     let mut out = BTreeMap::new();
-    for ep in cla.endpoints.iter().flat_map(|l| l.lb_endpoints.iter()) {
+    for ep in cla.endpoints.iter().filter(|l| wanted(l.priority)).flat_map(|l| l.lb_endpoints.iter()) {
         let sa = &ep.endpoint.address.socket_address;
         let host = match (&ep.endpoint.hostname, sa.address.parse::<IpAddr>()) {
             (Some(h), _) if !h.is_empty() => h.clone(),
@@ -216,9 +240,12 @@ mod tests {
 
     #[test]
     fn zero_is_left_out_and_remembered_as_drained() {
-        let (a, w) =
-            build("vllm", &[(r("10.0.0.1:80", "10.0.0.1:80"), 3), (r("10.0.0.2:80", "10.0.0.2:80"), 0)])
-                .unwrap();
+        let (a, w) = build(
+            "vllm",
+            &[(r("10.0.0.1:80", "10.0.0.1:80"), 3), (r("10.0.0.2:80", "10.0.0.2:80"), 0)],
+            false,
+        )
+        .unwrap();
         assert!(w.is_empty());
         assert_eq!(weights(&a), vec![("10.0.0.1".to_string(), 3)]);
         assert!(a.cla.endpoints.iter().flat_map(|l| &l.lb_endpoints).all(|e| e.load_balancing_weight >= 1));
@@ -226,27 +253,66 @@ mod tests {
     }
 
     #[test]
+    fn with_standby_zero_goes_to_priority_one_and_reads_back_as_zero() {
+        let members = [
+            (r("10.0.0.3:80", "10.0.0.3:80"), 0),
+            (r("10.0.0.1:80", "10.0.0.1:80"), 3),
+            (r("10.0.0.2:80", "10.0.0.2:80"), 0),
+        ];
+        let (a, _) = build("vllm", &members, true).unwrap();
+        assert_eq!(a.cla.endpoints.len(), 2);
+        assert_eq!((a.cla.endpoints[0].priority, a.cla.endpoints[1].priority), (0, STANDBY_PRIORITY));
+        let standby: Vec<(&str, u32)> = a.cla.endpoints[1]
+            .lb_endpoints
+            .iter()
+            .map(|e| (e.endpoint.address.socket_address.address.as_str(), e.load_balancing_weight))
+            .collect();
+        assert_eq!(standby, [("10.0.0.2", 1), ("10.0.0.3", 1)], "member order, weight 1");
+        assert_eq!(served_from(&a.cla), [(MemberId::from("10.0.0.1:80"), 3)].into_iter().collect());
+        assert_eq!(standby_from(&a.cla), a.held.drained);
+        assert_eq!(a.held.to_ratios().get(&MemberId::from("10.0.0.3:80")), Some(0));
+        // Priorities change what Envoy holds, so the version; order of input does not.
+        let (plain, _) = build("vllm", &members, false).unwrap();
+        assert_ne!(plain.version, a.version);
+        let mut shuffled = members.clone();
+        shuffled.reverse();
+        assert_eq!(build("vllm", &shuffled, true).unwrap().0.version, a.version);
+        // The priority is written only when it is not 0: plain assignments are unchanged on the wire.
+        let json = serde_json::to_string(&plain.cla).unwrap();
+        assert!(!json.contains("priority"), "{json}");
+        assert!(serde_json::to_string(&a.cla).unwrap().contains("\"priority\":1"));
+        // Still nothing to serve when every member is at 0.
+        assert_eq!(
+            build("vllm", &[(r("10.0.0.1:80", "10.0.0.1:80"), 0)], true),
+            Err(NothingToServe::AllZero)
+        );
+    }
+
+    #[test]
     fn all_zero_or_empty_is_refused() {
-        assert_eq!(build("vllm", &[]), Err(NothingToServe::NoMembers));
-        assert_eq!(build("vllm", &[(r("10.0.0.1:80", "10.0.0.1:80"), 0)]), Err(NothingToServe::AllZero));
+        assert_eq!(build("vllm", &[], false), Err(NothingToServe::NoMembers));
+        assert_eq!(
+            build("vllm", &[(r("10.0.0.1:80", "10.0.0.1:80"), 0)], false),
+            Err(NothingToServe::AllZero)
+        );
     }
 
     #[test]
     fn version_follows_content_only() {
         let one = [(r("10.0.0.1:80", "10.0.0.1:80"), 3), (r("10.0.0.2:80", "10.0.0.2:80"), 1)];
-        let (a, _) = build("vllm", &one).unwrap();
+        let (a, _) = build("vllm", &one, false).unwrap();
         // Same content in another order: same version.
-        let (b, _) = build("vllm", &[one[1].clone(), one[0].clone()]).unwrap();
+        let (b, _) = build("vllm", &[one[1].clone(), one[0].clone()], false).unwrap();
         assert_eq!(a.version, b.version);
         // A weight changes: new version.
-        let (c, _) = build("vllm", &[one[0].clone(), (one[1].0.clone(), 2)]).unwrap();
+        let (c, _) = build("vllm", &[one[0].clone(), (one[1].0.clone(), 2)], false).unwrap();
         assert_ne!(a.version, c.version);
         // A member leaves: new version.
-        let (d, _) = build("vllm", &one[..1]).unwrap();
+        let (d, _) = build("vllm", &one[..1], false).unwrap();
         assert_ne!(a.version, d.version);
         // Draining a member changes what Envoy sees, so the version too; the drained set is not
         // part of the content, so re-draining the same member does not.
-        let (e, _) = build("vllm", &[one[0].clone(), (one[1].0.clone(), 0)]).unwrap();
+        let (e, _) = build("vllm", &[one[0].clone(), (one[1].0.clone(), 0)], false).unwrap();
         assert_eq!(d.version, e.version);
     }
 
@@ -267,15 +333,18 @@ mod tests {
         assert!(w[0] > w[2]);
         assert_eq!(fit_sum(&[3, 1]), vec![3, 1]);
         let (_, warns) =
-            build("c", &[(r("a:1", "10.0.0.1:1"), u32::MAX), (r("b:1", "10.0.0.2:1"), 7)]).unwrap();
+            build("c", &[(r("a:1", "10.0.0.1:1"), u32::MAX), (r("b:1", "10.0.0.2:1"), 7)], false).unwrap();
         assert_eq!(warns.len(), 1);
     }
 
     #[test]
     fn duplicate_addresses_keep_the_first_member() {
-        let (a, w) =
-            build("c", &[(r("localhost:80", "127.0.0.1:80"), 5), (r("127.0.0.1:80", "127.0.0.1:80"), 2)])
-                .unwrap();
+        let (a, w) = build(
+            "c",
+            &[(r("localhost:80", "127.0.0.1:80"), 5), (r("127.0.0.1:80", "127.0.0.1:80"), 2)],
+            false,
+        )
+        .unwrap();
         assert_eq!(weights(&a), vec![("127.0.0.1".to_string(), 2)]);
         assert_eq!(w.len(), 1);
     }
@@ -284,7 +353,7 @@ mod tests {
     fn reads_back_member_names() {
         let mut h = r("vllm-0.ns.svc:8000", "10.1.2.3:8000");
         h.hostname = Some("vllm-0.ns.svc".into());
-        let (a, _) = build("c", &[(h, 4), (r("[2001:db8::1]:80", "[2001:db8::1]:80"), 2)]).unwrap();
+        let (a, _) = build("c", &[(h, 4), (r("[2001:db8::1]:80", "[2001:db8::1]:80"), 2)], false).unwrap();
         let back = served_from(&a.cla);
         assert_eq!(back.get(&MemberId::from("vllm-0.ns.svc:8000")), Some(&4));
         assert_eq!(back.get(&MemberId::from("[2001:db8::1]:80")), Some(&2));

@@ -89,7 +89,7 @@ mod tests {
             addr: "10.0.0.1:80".parse().unwrap(),
             hostname: None,
         };
-        build("vllm", &[(r, w)]).unwrap().0
+        build("vllm", &[(r, w)], false).unwrap().0
     }
 
     #[test]

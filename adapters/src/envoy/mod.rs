@@ -36,7 +36,7 @@ pub use assignment::{Assignment, Held};
 pub use registry::{Discovery, EdsRegistry, Poller, EDS_PATH};
 
 use crate::{Applied, MemberId, RatioSink, Ratios, SinkError};
-use assignment::{build, served_from, NothingToServe};
+use assignment::{build, served_from, standby_from, NothingToServe};
 use file::EdsFile;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -62,6 +62,11 @@ pub struct EnvoyConfig {
     /// membership discovery and dry runs.
     #[serde(default)]
     pub admin: Option<String>,
+    /// Members at ratio 0 (inactive priority tiers) stay in the assignment at priority 1 with weight
+    /// 1 instead of being left out: no traffic while priority 0 is healthy, and Envoy's own failover
+    /// to them if it is not.
+    #[serde(default)]
+    pub priority_levels: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -158,6 +163,7 @@ pub struct EnvoySink {
     /// The registry claim that keeps two pools from feeding one cluster (or file).
     claim: String,
     resolve_timeout: Duration,
+    priority_levels: bool,
     /// File mode: members left out at ratio 0 (the file cannot say so; the registry holds this itself).
     drained: Mutex<BTreeSet<MemberId>>,
     /// Envoy's admin interface, read for membership.
@@ -199,6 +205,7 @@ impl EnvoySink {
             eds,
             claim,
             resolve_timeout: cfg.resolve_timeout,
+            priority_levels: cfg.priority_levels,
             drained: Mutex::new(BTreeSet::new()),
             admin: match &cfg.admin {
                 Some(url) => {
@@ -229,8 +236,14 @@ impl EnvoySink {
                 Ok(cla.map(|cla| {
                     let served = served_from(&cla);
                     let drained = self.drained.lock().unwrap_or_else(|p| p.into_inner());
+                    let standby = standby_from(&cla);
                     Held {
-                        drained: drained.iter().filter(|m| !served.contains_key(*m)).cloned().collect(),
+                        drained: drained
+                            .iter()
+                            .chain(&standby)
+                            .filter(|m| !served.contains_key(*m))
+                            .cloned()
+                            .collect(),
                         served,
                     }
                 }))
@@ -306,16 +319,17 @@ impl RatioSink for EnvoySink {
                 (r, w)
             })
             .collect();
-        let (next, build_warnings) = build(&self.cluster, &pairs).map_err(|why| match why {
-            NothingToServe::NoMembers if !failed.is_empty() => SinkError::Unreachable {
-                target: self.target(),
-                detail: format!(
-                    "no member could be resolved ({}); the previous assignment is kept",
-                    warnings.join("; ")
-                ),
-            },
-            other => SinkError::Rejected { target: self.target(), detail: other.to_string() },
-        })?;
+        let (next, build_warnings) =
+            build(&self.cluster, &pairs, self.priority_levels).map_err(|why| match why {
+                NothingToServe::NoMembers if !failed.is_empty() => SinkError::Unreachable {
+                    target: self.target(),
+                    detail: format!(
+                        "no member could be resolved ({}); the previous assignment is kept",
+                        warnings.join("; ")
+                    ),
+                },
+                other => SinkError::Rejected { target: self.target(), detail: other.to_string() },
+            })?;
         warnings.extend(build_warnings);
 
         let prev = match &self.output {

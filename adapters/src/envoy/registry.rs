@@ -292,7 +292,7 @@ mod tests {
                 (Resolved { member: MemberId::from(*a), addr: a.parse().unwrap(), hostname: None }, *r)
             })
             .collect();
-        build(cluster, &members).unwrap().0
+        build(cluster, &members, false).unwrap().0
     }
 
     fn req(names: &[&str], version: &str) -> DiscoveryRequest {

@@ -59,11 +59,21 @@ pub struct ClusterLoadAssignment {
     pub endpoints: Vec<LocalityLbEndpoints>,
 }
 
-/// One locality's endpoints. The controller puts every member in one locality at priority 0.
+/// One locality's endpoints. The controller puts every member it serves in one locality at priority
+/// 0, and with `priority_levels` the members of inactive tiers in a second one at priority 1.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 pub struct LocalityLbEndpoints {
     #[serde(default, alias = "lbEndpoints")]
     pub lb_endpoints: Vec<LbEndpoint>,
+    /// Envoy sends traffic to priority 1 only while priority 0 is less than ~71% healthy (its
+    /// overprovisioning factor 1.4). Left out at 0, so assignments without priorities (and their
+    /// versions) are as before.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]

@@ -209,6 +209,21 @@ impl Envoy {
         Some(out)
     }
 
+    /// The priority level of each host in `cluster`, `ip:port` -> priority (0 when Envoy leaves it
+    /// out of the JSON, protobuf's default). `None` when Envoy does not know the cluster.
+    pub async fn priorities(&self, cluster: &str) -> Option<BTreeMap<String, u32>> {
+        let v: serde_json::Value = self.admin_get("/clusters?format=json").await?.json().await.ok()?;
+        let c = v["cluster_statuses"].as_array()?.iter().find(|c| c["name"] == cluster)?;
+        let mut out = BTreeMap::new();
+        for h in c["host_statuses"].as_array().map(|a| a.as_slice()).unwrap_or_default() {
+            let sa = &h["address"]["socket_address"];
+            let addr = sa["address"].as_str().unwrap_or_default();
+            let port = sa["port_value"].as_u64().unwrap_or_default();
+            out.insert(format!("{addr}:{port}"), h["priority"].as_u64().unwrap_or(0) as u32);
+        }
+        Some(out)
+    }
+
     /// Poll until `cluster` holds exactly `expected` (`ip:port` -> weight); returns how long it took.
     pub async fn wait_weights(
         &self,
