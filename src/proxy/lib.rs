@@ -25,6 +25,7 @@ pub mod criticality;
 pub mod errors;
 pub mod guard;
 pub mod listen;
+pub mod members;
 pub mod metrics;
 pub mod pool;
 pub mod route;

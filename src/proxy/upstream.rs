@@ -1,8 +1,10 @@
 //! Forwarding one request to one member, with the proxy's timeouts, and streaming the answer back
 //! without buffering.
 //!
-//! The client is hyper's own (not reqwest): the member URIs are built once at load
-//! ([`member_uri`]), so a request costs no URL parsing, and headers move across without conversion.
+//! Connections are hyper's own (not reqwest), pooled and driven by the request that uses them
+//! ([`super::members`]): the member URIs are built once at load ([`member_uri`]), so a request costs
+//! no URL parsing, headers move across without conversion, and the events of a stream that arrive
+//! together leave together.
 //!
 //! - connect: the connector's timeout; a refused or timed-out connect is [`ForwardError::Connect`],
 //!   which the caller retries on another member (nothing has reached the client yet).
@@ -24,13 +26,12 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use futures::{Stream, StreamExt};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::Full;
 use std::future::Future as _;
+use std::sync::Arc;
 
 use super::config::Timeouts;
+use super::members::{Members, SendError};
 
 /// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1), plus `host` (the
 /// client sets the member's).
@@ -87,11 +88,9 @@ pub struct Started {
     pub body: BodyStream,
 }
 
-type HyperClient = Client<HttpConnector, Full<Bytes>>;
-
 #[derive(Clone)]
 pub struct Upstream {
-    client: HyperClient,
+    members: Arc<Members>,
     /// For the rare calls that are not forwarding (members' `/v1/models`, polling, guards).
     reqwest: reqwest::Client,
     timeouts: Timeouts,
@@ -99,11 +98,6 @@ pub struct Upstream {
 
 impl Upstream {
     pub fn new(timeouts: &Timeouts) -> Result<Upstream, String> {
-        let mut conn = HttpConnector::new();
-        conn.set_connect_timeout(Some(timeouts.connect));
-        conn.set_nodelay(true);
-        let client =
-            Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(conn);
         let reqwest = reqwest::Client::builder()
             .connect_timeout(timeouts.connect)
             .tcp_nodelay(true)
@@ -112,7 +106,7 @@ impl Upstream {
             .no_proxy()
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Upstream { client, reqwest, timeouts: timeouts.clone() })
+        Ok(Upstream { members: Members::new(timeouts.connect), reqwest, timeouts: timeouts.clone() })
     }
 
     pub fn client(&self) -> &reqwest::Client {
@@ -133,13 +127,15 @@ impl Upstream {
             }
         }
         let deadline = tokio::time::Instant::now() + self.timeouts.first_byte;
-        let resp = match tokio::time::timeout_at(deadline, self.client.request(req)).await {
+        let resp = match tokio::time::timeout_at(deadline, self.members.send(uri, req)).await {
             Err(_) => return Err(ForwardError::FirstByteTimeout(self.timeouts.first_byte)),
-            Ok(Err(e)) if e.is_connect() => return Err(ForwardError::Connect(error_chain(&e))),
-            Ok(Err(e)) => return Err(ForwardError::Broken(format!("request failed: {}", error_chain(&e)))),
+            Ok(Err(SendError::Connect(e))) => return Err(ForwardError::Connect(e)),
+            Ok(Err(SendError::Failed(e))) => {
+                return Err(ForwardError::Broken(format!("request failed: {}", error_chain(&e))))
+            }
             Ok(Ok(r)) => r,
         };
-        let (parts, incoming) = resp.into_parts();
+        let (parts, mut upstream) = resp.into_parts();
         let status = parts.status;
         let mut headers = parts.headers;
         for h in HOP_BY_HOP {
@@ -149,7 +145,6 @@ impl Upstream {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
-        let mut upstream = incoming.into_data_stream();
         // Skip empty chunks: they carry nothing a client could use.
         let first = loop {
             match tokio::time::timeout_at(deadline, upstream.next()).await {

@@ -1,0 +1,249 @@
+//! Keep-alive connections to members, driven by the request that uses them.
+//!
+//! hyper's pooled client runs each connection in a task of its own and hands the response body
+//! over a channel that holds one chunk: every SSE event then costs two task switches (often
+//! across threads) and a write to the client of its own, because the forwarder never finds more
+//! than one event waiting. Here a connection is polled by whoever reads its response (the client
+//! connection's own task), so every event already in the read buffer is decoded in one go and
+//! leaves in one write, as HAProxy does.
+//!
+//! Idle connections wait per member (last in, first out: the warmest first; at most
+//! [`MAX_IDLE_PER_MEMBER`], none older than [`IDLE_TIMEOUT`]). Nobody polls an idle connection, so
+//! a member closing one is noticed at checkout: it is polled once, without a waker, and dropped if
+//! it ended or cannot take a request. A request that fails on a reused connection before any
+//! response (a close that raced the checkout) is sent once more on a new connection; a model
+//! server's completion has no side effect a second attempt could repeat.
+//!
+//! Dropping a response body before its end drops the connection, which closes it: the member
+//! (vLLM) aborts the request, exactly what a client that hung up wants.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{header, HeaderValue, Request, Response, Uri};
+use futures::Stream;
+use http_body_util::Full;
+use hyper::body::{Body as _, Incoming};
+use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// Most idle connections kept per member.
+pub const MAX_IDLE_PER_MEMBER: usize = 256;
+
+/// An idle connection older than this is closed rather than reused (members close theirs too:
+/// uvicorn after 5 s by default; the checkout notices those).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+type Driver = Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>;
+type Sender = SendRequest<Full<Bytes>>;
+
+struct Idle {
+    sender: Sender,
+    driver: Driver,
+    since: Instant,
+}
+
+/// Why a request got no response.
+#[derive(Debug)]
+pub enum SendError {
+    /// No connection could be made (refused, unreachable, DNS, connect timeout): nothing was sent.
+    Connect(String),
+    /// The request was sent (or sending failed) and no response head came back.
+    Failed(hyper::Error),
+}
+
+/// Idle keep-alive connections by member (`host:port`).
+pub struct Members {
+    idle: Mutex<HashMap<String, Vec<Idle>>>,
+    connect_timeout: Duration,
+}
+
+impl Members {
+    pub fn new(connect_timeout: Duration) -> Arc<Members> {
+        Arc::new(Members { idle: Mutex::new(HashMap::new()), connect_timeout })
+    }
+
+    /// Send `req` (absolute URI, as built by `member_uri`) to its member and wait for the response
+    /// head. The response body drives the connection as it is read.
+    pub async fn send(
+        self: &Arc<Self>,
+        uri: &Uri,
+        mut req: Request<Full<Bytes>>,
+    ) -> Result<Response<MemberBody>, SendError> {
+        let Some(authority) = uri.authority() else {
+            return Err(SendError::Connect(format!("{uri} has no host")));
+        };
+        let key = authority.as_str().to_string();
+        // hyper's connection writes the URI as given: origin-form on the wire, with a Host header.
+        *req.uri_mut() = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").parse().unwrap_or_default();
+        if let Ok(host) = HeaderValue::from_str(&key) {
+            req.headers_mut().insert(header::HOST, host);
+        }
+        if let Some(idle) = self.checkout(&key) {
+            let retry = clone_request(&req);
+            match exchange(idle.sender, idle.driver, req).await {
+                Ok((resp, sender, driver)) => return Ok(self.body(resp, sender, driver, key)),
+                // Closed under us before answering: once more, on a connection of its own.
+                Err(e) if e.is_canceled() || e.is_incomplete_message() => req = retry,
+                Err(e) => return Err(SendError::Failed(e)),
+            }
+        }
+        let (sender, driver) = self.connect(&key).await?;
+        let (resp, sender, driver) = exchange(sender, driver, req).await.map_err(SendError::Failed)?;
+        Ok(self.body(resp, sender, driver, key))
+    }
+
+    fn body(
+        self: &Arc<Self>,
+        resp: Response<Incoming>,
+        sender: Sender,
+        driver: Option<Driver>,
+        key: String,
+    ) -> Response<MemberBody> {
+        resp.map(|body| MemberBody { body, driver, sender: Some(sender), pool: Arc::downgrade(self), key })
+    }
+
+    async fn connect(&self, key: &str) -> Result<(Sender, Driver), SendError> {
+        let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(key)).await {
+            Err(_) => {
+                return Err(SendError::Connect(format!("connect timed out after {:?}", self.connect_timeout)))
+            }
+            Ok(Err(e)) => return Err(SendError::Connect(e.to_string())),
+            Ok(Ok(tcp)) => tcp,
+        };
+        // Tokens are small writes: Nagle would hold each behind the previous one's ACK.
+        let _ = tcp.set_nodelay(true);
+        let (sender, conn) = http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| SendError::Connect(format!("HTTP handshake: {e}")))?;
+        Ok((sender, Box::pin(conn)))
+    }
+
+    /// The most recently idle connection to `key` that can still take a request.
+    fn checkout(&self, key: &str) -> Option<Idle> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle.get_mut(key)?;
+        let now = Instant::now();
+        list.retain(|c| now.duration_since(c.since) < IDLE_TIMEOUT);
+        while let Some(mut c) = list.pop() {
+            // Polled without a waker: reads what the member sent meanwhile (a close, typically).
+            let mut cx = Context::from_waker(Waker::noop());
+            if c.driver.as_mut().poll(&mut cx).is_pending() && c.sender.is_ready() {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    fn checkin(&self, key: String, sender: Sender, driver: Driver) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle.entry(key).or_default();
+        if list.len() >= MAX_IDLE_PER_MEMBER {
+            list.remove(0);
+        }
+        list.push(Idle { sender, driver, since: Instant::now() });
+    }
+
+    /// Idle connections held now (for tests and the state view).
+    pub fn idle_count(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).values().map(Vec::len).sum()
+    }
+}
+
+fn clone_request(req: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    // `Full` holds the whole body as one `Bytes`: cloning it is a reference count.
+    let mut r = Request::new(req.body().clone());
+    *r.method_mut() = req.method().clone();
+    *r.uri_mut() = req.uri().clone();
+    *r.headers_mut() = req.headers().clone();
+    r
+}
+
+/// Send on `sender` while driving `driver`, until the response head arrives. The driver is `None`
+/// afterwards when the connection already ended (its body then ends without it).
+async fn exchange(
+    mut sender: Sender,
+    driver: Driver,
+    req: Request<Full<Bytes>>,
+) -> Result<(Response<Incoming>, Sender, Option<Driver>), hyper::Error> {
+    let mut driver = Some(driver);
+    let mut response = std::pin::pin!(sender.send_request(req));
+    let resp = std::future::poll_fn(|cx| {
+        if let Some(d) = driver.as_mut() {
+            if d.as_mut().poll(cx).is_ready() {
+                // Ended (closed or failed): the request's own future reports why.
+                driver = None;
+            }
+        }
+        response.as_mut().poll(cx)
+    })
+    .await?;
+    Ok((resp, sender, driver))
+}
+
+/// A member's response body that drives its connection while it is read, and gives the connection
+/// back for reuse once the body has ended.
+pub struct MemberBody {
+    body: Incoming,
+    driver: Option<Driver>,
+    sender: Option<Sender>,
+    pool: std::sync::Weak<Members>,
+    key: String,
+}
+
+impl MemberBody {
+    fn release(&mut self, cx: &mut Context<'_>) {
+        let (Some(mut driver), Some(sender)) = (self.driver.take(), self.sender.take()) else { return };
+        // One more poll lets the connection finish the message and become idle.
+        if driver.as_mut().poll(cx).is_ready() {
+            return;
+        }
+        if let Some(pool) = self.pool.upgrade() {
+            pool.checkin(std::mem::take(&mut self.key), sender, driver);
+        }
+    }
+}
+
+impl Stream for MemberBody {
+    type Item = Result<Bytes, hyper::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        let mut driven = false;
+        loop {
+            match Pin::new(&mut this.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => return Poll::Ready(Some(Ok(data))),
+                    // Trailers: nothing a client of the proxy reads.
+                    Err(_) => continue,
+                },
+                Poll::Ready(Some(Err(e))) => {
+                    this.driver = None;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(None) => {
+                    this.release(cx);
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {}
+            }
+            // Nothing decoded yet: let the connection read and decode, then look again once.
+            match this.driver.as_mut() {
+                Some(d) if !driven => {
+                    driven = true;
+                    if d.as_mut().poll(cx).is_ready() {
+                        // Ended: the body's channel closes with it and reports how.
+                        this.driver = None;
+                    }
+                }
+                _ => return Poll::Pending,
+            }
+        }
+    }
+}
