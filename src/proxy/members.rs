@@ -60,13 +60,21 @@ pub enum SendError {
 
 /// Idle keep-alive connections by member (`host:port`).
 pub struct Members {
-    idle: Mutex<HashMap<String, Vec<Idle>>>,
+    idle: Mutex<IdleLists>,
     connect_timeout: Duration,
+}
+
+#[derive(Default)]
+struct IdleLists {
+    by_member: HashMap<String, Vec<Idle>>,
+    /// Members leave (pods come and go) and their lists are never checked out again: expired
+    /// connections everywhere are closed at most once per [`IDLE_TIMEOUT`].
+    last_sweep: Option<Instant>,
 }
 
 impl Members {
     pub fn new(connect_timeout: Duration) -> Arc<Members> {
-        Arc::new(Members { idle: Mutex::new(HashMap::new()), connect_timeout })
+        Arc::new(Members { idle: Mutex::new(IdleLists::default()), connect_timeout })
     }
 
     /// Send `req` (absolute URI, as built by `member_uri`) to its member and wait for the response
@@ -128,7 +136,7 @@ impl Members {
     /// The most recently idle connection to `key` that can still take a request.
     fn checkout(&self, key: &str) -> Option<Idle> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let list = idle.get_mut(key)?;
+        let list = idle.by_member.get_mut(key)?;
         let now = Instant::now();
         list.retain(|c| now.duration_since(c.since) < IDLE_TIMEOUT);
         while let Some(mut c) = list.pop() {
@@ -143,16 +151,24 @@ impl Members {
 
     fn checkin(&self, key: String, sender: Sender, driver: Driver) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let list = idle.entry(key).or_default();
+        let now = Instant::now();
+        if idle.last_sweep.is_none_or(|t| now.duration_since(t) >= IDLE_TIMEOUT) {
+            idle.last_sweep = Some(now);
+            idle.by_member.retain(|_, list| {
+                list.retain(|c| now.duration_since(c.since) < IDLE_TIMEOUT);
+                !list.is_empty()
+            });
+        }
+        let list = idle.by_member.entry(key).or_default();
         if list.len() >= MAX_IDLE_PER_MEMBER {
             list.remove(0);
         }
-        list.push(Idle { sender, driver, since: Instant::now() });
+        list.push(Idle { sender, driver, since: now });
     }
 
-    /// Idle connections held now (for tests and the state view).
+    /// Idle connections held now.
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).values().map(Vec::len).sum()
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).by_member.values().map(Vec::len).sum()
     }
 }
 
@@ -245,5 +261,138 @@ impl Stream for MemberBody {
                 _ => return Poll::Pending,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// What a test member does with the requests of one connection, by their index on it.
+    #[derive(Clone, Copy)]
+    enum Member {
+        /// Answers every request (keep-alive).
+        KeepAlive,
+        /// Answers the first request, then closes the connection when the second one arrives
+        /// (a member's idle close racing the proxy's checkout).
+        ClosesOnSecond,
+        /// Streams a chunked body forever, one chunk per 10 ms.
+        Endless,
+    }
+
+    /// A raw HTTP/1.1 member on loopback; returns its address and how many connections it accepted.
+    async fn member(kind: Member) -> (String, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let closed = Arc::new(AtomicUsize::new(0));
+        let (a, c) = (accepted.clone(), closed.clone());
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = l.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    for i in 0.. {
+                        // One request: a head and a 2-byte body ("{}") per read in these tests.
+                        match tcp.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(_) => {}
+                        }
+                        match (kind, i) {
+                            (Member::ClosesOnSecond, 1) => break,
+                            (Member::Endless, _) => {
+                                let _ = tcp
+                                    .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                                    .await;
+                                while tcp.write_all(b"5\r\nhello\r\n").await.is_ok() {
+                                    tokio::time::sleep(Duration::from_millis(10)).await;
+                                }
+                                break;
+                            }
+                            _ => {
+                                let _ =
+                                    tcp.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+                            }
+                        }
+                    }
+                    c.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        (addr, accepted, closed)
+    }
+
+    fn request(addr: &str) -> (Uri, Request<Full<Bytes>>) {
+        let uri: Uri = format!("http://{addr}/v1/chat/completions").parse().expect("uri");
+        let mut req = Request::new(Full::new(Bytes::from_static(b"{}")));
+        *req.method_mut() = axum::http::Method::POST;
+        (uri, req)
+    }
+
+    async fn body_of(resp: Response<MemberBody>) -> Vec<u8> {
+        let mut body = resp.into_body();
+        let mut out = Vec::new();
+        while let Some(chunk) = body.next().await {
+            out.extend_from_slice(&chunk.expect("chunk"));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn sequential_requests_reuse_one_connection() {
+        let (addr, accepted, _) = member(Member::KeepAlive).await;
+        let pool = Members::new(Duration::from_secs(1));
+        for _ in 0..20 {
+            let (uri, req) = request(&addr);
+            let resp = pool.send(&uri, req).await.expect("response");
+            assert_eq!(body_of(resp).await, b"ok");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(pool.idle_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_member_closed_is_replaced_without_failing_the_request() {
+        let (addr, accepted, _) = member(Member::ClosesOnSecond).await;
+        let pool = Members::new(Duration::from_secs(1));
+        for _ in 0..5 {
+            let (uri, req) = request(&addr);
+            let resp = pool.send(&uri, req).await.expect("every request answered");
+            assert_eq!(body_of(resp).await, b"ok");
+        }
+        // Each reuse met a close and went out again on a new connection.
+        assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_before_its_end_closes_the_connection() {
+        let (addr, _, closed) = member(Member::Endless).await;
+        let pool = Members::new(Duration::from_secs(1));
+        let (uri, req) = request(&addr);
+        let mut body = pool.send(&uri, req).await.expect("response").into_body();
+        assert_eq!(&body.next().await.expect("a chunk").expect("data")[..], b"hello");
+        drop(body);
+        // The member sees the close (its writes fail) and nothing was kept for reuse.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while closed.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the member never saw the connection close");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(pool.idle_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_a_connect_error() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        drop(l);
+        let pool = Members::new(Duration::from_secs(1));
+        let (uri, req) = request(&addr);
+        assert!(matches!(pool.send(&uri, req).await, Err(SendError::Connect(_))));
     }
 }
