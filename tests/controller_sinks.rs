@@ -4,7 +4,6 @@
 //! wiring and that the loop keeps going through failures.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -235,28 +234,14 @@ async fn haproxy_weights_follow_load_and_survive_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_gets_weights_from_the_controllers_own_listener() {
-    use llm_lc_testkit::envoy::{rewrite, Envoy};
+    use llm_lc_testkit::envoy::Envoy;
     let t = targets().await;
     let order: Vec<String> = t.iter().map(|x| x.member()).collect();
     let list = order.iter().map(|m| format!("'{m}'")).collect::<Vec<_>>().join(", ");
     let run = Running::start(&format!(
         "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: [{list}] }}\n    sink: {{ kind: envoy, cluster: vllm }}\n"
     ));
-    let shipped = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/envoy/envoy-eds-least-request.yaml"),
-    )
-    .expect("shipped bootstrap");
-    let eds = format!("address: 127.0.0.1, port_value: {}", run.listen);
-    let envoy = Envoy::start(&rewrite(
-        &shipped,
-        &[
-            ("address: 127.0.0.1, port_value: 9901", "address: 127.0.0.1, port_value: 0"),
-            ("address: 0.0.0.0, port_value: 10000", "address: 127.0.0.1, port_value: 0"),
-            ("address: llm-load-controller, port_value: 9090", &eds),
-            ("refresh_delay: 2s", "refresh_delay: 1s"),
-        ],
-    ))
-    .await;
+    let envoy = Envoy::start_shipped_eds(run.listen).await;
     wait::until(Duration::from_secs(30), "Envoy to hold the controller's weights", || async {
         let want = run.ratios("llm").await?;
         let have = envoy.weights("vllm").await?;

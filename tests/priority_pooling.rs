@@ -18,6 +18,19 @@ const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
 struct Running(Child, tempfile::TempDir);
 
 impl Running {
+    /// `run --config cfg`, logging to `dir/stderr.log`; killed on drop.
+    fn start(cfg: &std::path::Path, dir: tempfile::TempDir) -> Running {
+        let child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(cfg)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("stderr.log")).expect("log"))
+            .spawn()
+            .expect("start");
+        Running(child, dir)
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(self.1.path().join("stderr.log")).unwrap_or_default()
     }
@@ -40,8 +53,7 @@ async fn metrics(port: u16) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_remote_tier_gets_traffic_only_while_the_local_one_is_saturated() {
     // east (local): s0, s1; west (remote): s2, s3.
-    let east = [MetricsTarget::vllm(0.0, 8.0, 0.3).await, MetricsTarget::vllm(0.0, 8.0, 0.3).await];
-    let west = [MetricsTarget::vllm(0.0, 0.0, 0.0).await, MetricsTarget::vllm(0.0, 0.0, 0.0).await];
+    let (east, west) = two_regions().await;
     let all: Vec<&MetricsTarget> = east.iter().chain(&west).collect();
     let servers: String =
         all.iter().enumerate().map(|(i, x)| format!("    server s{i} {} weight 1\n", x.member())).collect();
@@ -63,17 +75,7 @@ async fn the_remote_tier_gets_traffic_only_while_the_local_one_is_saturated() {
     .expect("config");
     let out = Command::new(BIN).args(["check", "--config"]).arg(&cfg).output().expect("check");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let run = Running(
-        Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(&cfg)
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("stderr.log")).expect("log"))
-            .spawn()
-            .expect("start"),
-        dir,
-    );
+    let run = Running::start(&cfg, dir);
     let weights = || async { h.state_weights("llm").await };
     let local_only = |w: &BTreeMap<String, u32>| {
         w.get("s0").is_some_and(|v| *v > 0)
@@ -148,11 +150,9 @@ async fn the_remote_tier_gets_traffic_only_while_the_local_one_is_saturated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_keeps_the_inactive_tier_at_priority_one() {
-    use llm_lc_testkit::envoy::{rewrite, Envoy};
-    let east = [MetricsTarget::vllm(0.0, 8.0, 0.3).await, MetricsTarget::vllm(0.0, 8.0, 0.3).await];
-    let west = [MetricsTarget::vllm(0.0, 0.0, 0.0).await, MetricsTarget::vllm(0.0, 0.0, 0.0).await];
-    let east_ids: Vec<String> = east.iter().map(|t| t.member()).collect();
-    let west_ids: Vec<String> = west.iter().map(|t| t.member()).collect();
+    use llm_lc_testkit::envoy::Envoy;
+    let (east, west) = two_regions().await;
+    let (east_ids, west_ids) = (ids(&east), ids(&west));
     let list = east_ids.iter().chain(&west_ids).map(|m| format!("'{m}'")).collect::<Vec<_>>().join(", ");
     let east_re = format!("127\\.0\\.0\\.1:({}|{})", east[0].addr.port(), east[1].addr.port());
     let dir = tempfile::tempdir().expect("tmp");
@@ -165,32 +165,8 @@ async fn envoy_keeps_the_inactive_tier_at_priority_one() {
         ),
     )
     .expect("config");
-    let _run = Running(
-        Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(&cfg)
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("stderr.log")).expect("log"))
-            .spawn()
-            .expect("start"),
-        dir,
-    );
-    let shipped = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/envoy/envoy-eds-least-request.yaml"),
-    )
-    .expect("shipped bootstrap");
-    let eds = format!("address: 127.0.0.1, port_value: {listen}");
-    let envoy = Envoy::start(&rewrite(
-        &shipped,
-        &[
-            ("address: 127.0.0.1, port_value: 9901", "address: 127.0.0.1, port_value: 0"),
-            ("address: 0.0.0.0, port_value: 10000", "address: 127.0.0.1, port_value: 0"),
-            ("address: llm-load-controller, port_value: 9090", &eds),
-            ("refresh_delay: 2s", "refresh_delay: 1s"),
-        ],
-    ))
-    .await;
+    let _run = Running::start(&cfg, dir);
+    let envoy = Envoy::start_shipped_eds(listen).await;
     let levels = |p: &BTreeMap<String, u32>, ids: &[String]| -> Vec<Option<u32>> {
         ids.iter().map(|m| p.get(m).copied()).collect()
     };
@@ -213,6 +189,17 @@ async fn envoy_keeps_the_inactive_tier_at_priority_one() {
     assert_eq!(envoy.stat("cluster.vllm.update_rejected").await.unwrap_or(0), 0, "{}", envoy.log());
 }
 
+/// Two members per region: east (local) at 30% KV with 8 running, west (remote) idle.
+async fn two_regions() -> ([MetricsTarget; 2], [MetricsTarget; 2]) {
+    let east = [MetricsTarget::vllm(0.0, 8.0, 0.3).await, MetricsTarget::vllm(0.0, 8.0, 0.3).await];
+    let west = [MetricsTarget::vllm(0.0, 0.0, 0.0).await, MetricsTarget::vllm(0.0, 0.0, 0.0).await];
+    (east, west)
+}
+
+fn ids(targets: &[MetricsTarget]) -> Vec<String> {
+    targets.iter().map(|t| t.member()).collect()
+}
+
 /// One `run --once --dry-run --output json` of `cfg`: the pool's report.
 fn once(cfg: &std::path::Path) -> serde_json::Value {
     let out = Command::new(BIN)
@@ -232,10 +219,8 @@ fn once(cfg: &std::path::Path) -> serde_json::Value {
 async fn tiers_named_by_a_prometheus_label_spill_by_cluster() {
     // Every member is 127.0.0.1:<port>: only the `cluster` label Prometheus attaches tells the
     // clusters apart, as a Thanos external label does across real clusters.
-    let east = [MetricsTarget::vllm(0.0, 8.0, 0.3).await, MetricsTarget::vllm(0.0, 8.0, 0.3).await];
-    let west = [MetricsTarget::vllm(0.0, 0.0, 0.0).await, MetricsTarget::vllm(0.0, 0.0, 0.0).await];
-    let east_ids: Vec<String> = east.iter().map(|t| t.member()).collect();
-    let west_ids: Vec<String> = west.iter().map(|t| t.member()).collect();
+    let (east, west) = two_regions().await;
+    let (east_ids, west_ids) = (ids(&east), ids(&west));
     let prom = Prometheus::start_labelled(
         "vllm",
         &[(&[("cluster", "east-1")], &east_ids), (&[("cluster", "west-1")], &west_ids)],

@@ -192,9 +192,32 @@ impl Envoy {
             .map(|p| p as u16)
     }
 
-    /// The hosts Envoy has in `cluster`, `ip:port` -> weight (from `/clusters?format=json`).
-    /// `None` when Envoy does not know the cluster.
-    pub async fn weights(&self, cluster: &str) -> Option<BTreeMap<String, u32>> {
+    /// `deploy/envoy/envoy-eds-least-request.yaml` as shipped, on free loopback ports, polling the
+    /// controller's EDS on `127.0.0.1:controller_port` every second.
+    pub async fn start_shipped_eds(controller_port: u16) -> Envoy {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/envoy/envoy-eds-least-request.yaml");
+        let shipped = std::fs::read_to_string(&path).expect("shipped bootstrap");
+        let eds = format!("address: 127.0.0.1, port_value: {controller_port}");
+        Envoy::start(&rewrite(
+            &shipped,
+            &[
+                ("address: 127.0.0.1, port_value: 9901", "address: 127.0.0.1, port_value: 0"),
+                ("address: 0.0.0.0, port_value: 10000", "address: 127.0.0.1, port_value: 0"),
+                ("address: llm-load-controller, port_value: 9090", &eds),
+                ("refresh_delay: 2s", "refresh_delay: 1s"),
+            ],
+        ))
+        .await
+    }
+
+    /// One field of each host Envoy has in `cluster`, `ip:port` -> value (from
+    /// `/clusters?format=json`). `None` when Envoy does not know the cluster.
+    async fn hosts(
+        &self,
+        cluster: &str,
+        field: impl Fn(&serde_json::Value) -> u32,
+    ) -> Option<BTreeMap<String, u32>> {
         let v: serde_json::Value = self.admin_get("/clusters?format=json").await?.json().await.ok()?;
         let c = v["cluster_statuses"].as_array()?.iter().find(|c| c["name"] == cluster)?;
         let mut out = BTreeMap::new();
@@ -202,26 +225,21 @@ impl Envoy {
             let sa = &h["address"]["socket_address"];
             let addr = sa["address"].as_str().unwrap_or_default();
             let port = sa["port_value"].as_u64().unwrap_or_default();
-            // Protobuf JSON leaves out default values; a weight is always >= 1 in Envoy.
-            let weight = h["weight"].as_u64().unwrap_or(1) as u32;
-            out.insert(format!("{addr}:{port}"), weight);
+            out.insert(format!("{addr}:{port}"), field(h));
         }
         Some(out)
     }
 
+    /// The hosts Envoy has in `cluster`, `ip:port` -> weight.
+    pub async fn weights(&self, cluster: &str) -> Option<BTreeMap<String, u32>> {
+        // Protobuf JSON leaves out default values; a weight is always >= 1 in Envoy.
+        self.hosts(cluster, |h| h["weight"].as_u64().unwrap_or(1) as u32).await
+    }
+
     /// The priority level of each host in `cluster`, `ip:port` -> priority (0 when Envoy leaves it
-    /// out of the JSON, protobuf's default). `None` when Envoy does not know the cluster.
+    /// out of the JSON, protobuf's default).
     pub async fn priorities(&self, cluster: &str) -> Option<BTreeMap<String, u32>> {
-        let v: serde_json::Value = self.admin_get("/clusters?format=json").await?.json().await.ok()?;
-        let c = v["cluster_statuses"].as_array()?.iter().find(|c| c["name"] == cluster)?;
-        let mut out = BTreeMap::new();
-        for h in c["host_statuses"].as_array().map(|a| a.as_slice()).unwrap_or_default() {
-            let sa = &h["address"]["socket_address"];
-            let addr = sa["address"].as_str().unwrap_or_default();
-            let port = sa["port_value"].as_u64().unwrap_or_default();
-            out.insert(format!("{addr}:{port}"), h["priority"].as_u64().unwrap_or(0) as u32);
-        }
-        Some(out)
+        self.hosts(cluster, |h| h["priority"].as_u64().unwrap_or(0) as u32).await
     }
 
     /// Poll until `cluster` holds exactly `expected` (`ip:port` -> weight); returns how long it took.
