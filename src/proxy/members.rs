@@ -11,8 +11,9 @@
 //! [`MAX_IDLE_PER_MEMBER`], none older than [`IDLE_TIMEOUT`]). Nobody polls an idle connection, so
 //! a member closing one is noticed at checkout: it is polled once, without a waker, and dropped if
 //! it ended or cannot take a request. A request that fails on a reused connection before any
-//! response (a close that raced the checkout) is sent once more on a new connection; a model
-//! server's completion has no side effect a second attempt could repeat.
+//! response because the connection was closed or reset (a close that raced the checkout) is sent
+//! once more on a new connection; a model server's completion has no side effect a second attempt
+//! could repeat.
 //!
 //! Dropping a response body before its end drops the connection, which closes it: the member
 //! (vLLM) aborts the request, exactly what a client that hung up wants.
@@ -98,7 +99,7 @@ impl Members {
             match exchange(idle.sender, idle.driver, req).await {
                 Ok((resp, sender, driver)) => return Ok(self.body(resp, sender, driver, key)),
                 // Closed under us before answering: once more, on a connection of its own.
-                Err(e) if e.is_canceled() || e.is_incomplete_message() => req = retry,
+                Err(e) if closed_under_us(&e) => req = retry,
                 Err(e) => return Err(SendError::Failed(e)),
             }
         }
@@ -170,6 +171,24 @@ impl Members {
     pub fn idle_count(&self) -> usize {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).by_member.values().map(Vec::len).sum()
     }
+}
+
+/// An error that says a reused connection was already closed by the member (its keep-alive timer
+/// raced our checkout): refused as not ready, closed before a response, or reset on write.
+fn closed_under_us(e: &hyper::Error) -> bool {
+    use std::error::Error as _;
+    if e.is_canceled() || e.is_incomplete_message() {
+        return true;
+    }
+    let mut source = e.source();
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            return matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe);
+        }
+        source = s.source();
+    }
+    false
 }
 
 fn clone_request(req: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
@@ -280,6 +299,8 @@ mod tests {
         /// Answers the first request, then closes the connection when the second one arrives
         /// (a member's idle close racing the proxy's checkout).
         ClosesOnSecond,
+        /// The same, with a reset (RST) instead of an orderly close.
+        ResetsOnSecond,
         /// Streams a chunked body forever, one chunk per 10 ms.
         Endless,
     }
@@ -305,6 +326,12 @@ mod tests {
                         }
                         match (kind, i) {
                             (Member::ClosesOnSecond, 1) => break,
+                            (Member::ResetsOnSecond, 1) => {
+                                // Linger 0: close sends RST, what a member under pressure may do.
+                                #[allow(deprecated)]
+                                let _ = tcp.set_linger(Some(Duration::ZERO));
+                                break;
+                            }
                             (Member::Endless, _) => {
                                 let _ = tcp
                                     .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
@@ -358,15 +385,17 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_member_closed_is_replaced_without_failing_the_request() {
-        let (addr, accepted, _) = member(Member::ClosesOnSecond).await;
-        let pool = Members::new(Duration::from_secs(1));
-        for _ in 0..5 {
-            let (uri, req) = request(&addr);
-            let resp = pool.send(&uri, req).await.expect("every request answered");
-            assert_eq!(body_of(resp).await, b"ok");
+        for kind in [Member::ClosesOnSecond, Member::ResetsOnSecond] {
+            let (addr, accepted, _) = member(kind).await;
+            let pool = Members::new(Duration::from_secs(1));
+            for _ in 0..5 {
+                let (uri, req) = request(&addr);
+                let resp = pool.send(&uri, req).await.expect("every request answered");
+                assert_eq!(body_of(resp).await, b"ok");
+            }
+            // Each reuse met a close (or reset) and went out again on a new connection.
+            assert_eq!(accepted.load(Ordering::SeqCst), 5);
         }
-        // Each reuse met a close and went out again on a new connection.
-        assert_eq!(accepted.load(Ordering::SeqCst), 5);
     }
 
     #[tokio::test]
