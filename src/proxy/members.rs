@@ -254,7 +254,15 @@ impl Stream for MemberBody {
         loop {
             match Pin::new(&mut this.body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => return Poll::Ready(Some(Ok(data))),
+                    Ok(data) => {
+                        // The last bytes of a body with a length: give the connection back now.
+                        // A server writing a `Content-Length` answer stops polling (and drops the
+                        // body) once the length is written, so the end would never be seen here.
+                        if this.body.is_end_stream() {
+                            this.release(cx);
+                        }
+                        return Poll::Ready(Some(Ok(data)));
+                    }
                     // Trailers: nothing a client of the proxy reads.
                     Err(_) => continue,
                 },
@@ -381,6 +389,20 @@ mod tests {
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
         assert_eq!(pool.idle_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_body_read_to_its_length_gives_the_connection_back_without_waiting_for_its_end() {
+        let (addr, accepted, _) = member(Member::KeepAlive).await;
+        let pool = Members::new(Duration::from_secs(1));
+        for _ in 0..5 {
+            let (uri, req) = request(&addr);
+            let mut body = pool.send(&uri, req).await.expect("response").into_body();
+            // What hyper's server does with a `Content-Length` answer: read the bytes, drop the body.
+            assert_eq!(&body.next().await.expect("a chunk").expect("data")[..], b"ok");
+            drop(body);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection, reused");
     }
 
     #[tokio::test]
