@@ -294,3 +294,53 @@ async fn models_are_aggregated_across_pools_and_checked() {
     assert_eq!(r.json["error"]["code"], "model_not_found");
     assert_eq!(r.json["error"]["param"], "model");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_connections_are_kept_alive_for_streamed_and_whole_answers() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(|body: Bytes| async move {
+            let v: Value = serde_json::from_slice(&body).unwrap_or_default();
+            if v["stream"] == true {
+                let events = futures::stream::iter(["data: {\"n\":1}\n\n", "data: [DONE]\n\n"])
+                    .map(|e| Ok::<_, std::io::Error>(Bytes::from_static(e.as_bytes())));
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(Body::from_stream(events))
+                    .unwrap()
+            } else {
+                axum::response::IntoResponse::into_response(axum::Json(
+                    json!({"object": "chat.completion", "choices": []}),
+                ))
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let counter = accepted.clone();
+    let l = axum::serve::ListenerExt::tap_io(l, move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    tokio::spawn(async move { axum::serve(l, app).await });
+    let proxy = start_proxy(&config(&members_yaml(&[addr]), "")).await;
+    let c = client();
+    for i in 0..20 {
+        let stream = i % 2 == 0;
+        let resp = c
+            .post(format!("http://{}/v1/chat/completions", proxy.addr()))
+            .json(&json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let text = resp.text().await.unwrap();
+        assert!(
+            if stream { text.ends_with("data: [DONE]\n\n") } else { text.contains("chat.completion") },
+            "{text}"
+        );
+    }
+    // Twenty sequential requests, alternately streamed and whole: one member connection serves all.
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+}
