@@ -299,12 +299,19 @@ impl Config {
                     if p.members.prometheus_up.is_some() {
                         err(at("members.prometheus_up"), "needs a prometheus source");
                     }
+                    // Tier labels come from Prometheus series, or from the endpoints of
+                    // Kubernetes members (`zone`, `node`); a server's own page has neither.
+                    let from_endpoints = |name: &String| {
+                        p.members.kubernetes.is_some()
+                            && crate::source::kubernetes::ENDPOINT_LABELS.contains(&name.as_str())
+                    };
                     for (j, t) in p.priority.iter().flat_map(|pr| pr.tiers.iter()).enumerate() {
-                        if !t.labels.is_empty() {
+                        if !t.labels.keys().all(from_endpoints) {
                             err(
                                 at(&format!("priority.tiers[{j}].labels")),
                                 "needs a prometheus source (a server's own /metrics carries no cluster or region \
-                                 label); name the tier's members with `members` instead",
+                                 label), or `zone`/`node` with `members: { kubernetes }`; name the tier's members \
+                                 with `members` instead",
                             );
                         }
                     }

@@ -41,6 +41,8 @@ struct PoolRuntime {
     membership: Option<Arc<dyn RatioSink>>,
     /// `members: { kubernetes }`: the Service whose ready endpoints are the members.
     kubernetes: Option<Arc<crate::source::kubernetes::ServiceMembers>>,
+    /// `members: { kubernetes }`: each member's endpoint zone and node, for tiers named by them.
+    endpoint_labels: BTreeMap<MemberId, BTreeMap<String, String>>,
     push: Option<PushTask>,
     push_timeout: Duration,
     /// Warnings of the last successful push, so repeats are not logged every cycle.
@@ -165,6 +167,7 @@ impl Controller {
                 sink,
                 membership,
                 kubernetes,
+                endpoint_labels: BTreeMap::new(),
                 push: None,
                 push_timeout: p.push_timeout.unwrap_or(cfg.interval * 3),
                 cfg: p.clone(),
@@ -258,7 +261,18 @@ impl Controller {
         let report_by = Instant::now() + deadline.saturating_sub(started.elapsed());
         let mut cycles = Vec::with_capacity(self.pools.len());
         for (p, snap) in self.pools.iter_mut().zip(snapshots) {
-            let snap = snap.unwrap_or_else(|| Err(SourceError::Config("pool has no source".into())));
+            let mut snap = snap.unwrap_or_else(|| Err(SourceError::Config("pool has no source".into())));
+            if let (Ok(s), Some(_)) = (&mut snap, &p.cfg.priority) {
+                // Endpoint zone and node join whatever labels the source reported.
+                for (m, l) in &p.endpoint_labels {
+                    if s.members.contains_key(m) {
+                        s.labels
+                            .entry(m.clone())
+                            .or_default()
+                            .extend(l.iter().map(|(k, v)| (k.clone(), v.clone())));
+                    }
+                }
+            }
             cycles.push(p.cycle(snap, telemetry, report_by));
         }
         let reports = join_all(cycles).await;
@@ -320,7 +334,11 @@ impl PoolRuntime {
             }
         } else if let Some(k) = self.kubernetes.clone() {
             match tokio::time::timeout(deadline, k.members()).await {
-                Ok(r) => r.map(Some),
+                Ok(r) => r.map(|labelled| {
+                    let (ids, labels): (Vec<MemberId>, Vec<_>) = labelled.into_iter().unzip();
+                    self.endpoint_labels = ids.iter().cloned().zip(labels).collect();
+                    Some(ids)
+                }),
                 Err(_) => Err(SourceError::Unreachable {
                     what: format!("the Kubernetes API for pool {pool:?}"),
                     detail: format!("no answer within {deadline:?}"),

@@ -4,7 +4,7 @@
 //! one); a member's tier is the first that names it, and a member no tier names belongs to the last
 //! one. A tier names members by a regex on the member id (`members`), by the labels of their series
 //! in Prometheus/Thanos (`labels: { region: east }`, e.g. a Thanos external label, read with a
-//! `group by` query each cycle), or both. Labels are remembered once seen, so a member whose data
+//! `group by` query each cycle) or of their Kubernetes endpoints (`zone`, `node`), or both. Labels are remembered once seen, so a member whose data
 //! goes missing keeps its tier; one whose labels were never seen is in the last tier. Only the *active* tiers carry traffic: tier 0 always, the next one
 //! once the active tiers are saturated, and so on. Inactive tiers get ratio 0, which each load
 //! balancer expresses natively:

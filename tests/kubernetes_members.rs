@@ -248,3 +248,56 @@ fn the_rbac_manifest_grants_what_the_example_config_needs() {
         "{subjects:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiers_can_follow_the_zone_of_each_endpoint() {
+    let kube = FakeKube::start(&["t1"]).await;
+    let near = [MetricsTarget::vllm(0.0, 8.0, 0.3).await, MetricsTarget::vllm(0.0, 8.0, 0.3).await];
+    let far = MetricsTarget::vllm(0.0, 0.0, 0.0).await;
+    for (i, (t, zone)) in near.iter().map(|t| (t, "zone-a")).chain([(&far, "zone-b")]).enumerate() {
+        let slice = format!("vllm-{i}");
+        put_pod(&kube, &slice, "vllm", t, Some(true));
+        kube.set_endpoint_zone(NS, &slice, zone, &format!("worker-{i}"));
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen: 127.0.0.1:0\nleader_election: {{ enabled: false }}\nsources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members:\n      kubernetes: {{ service: vllm, namespace: {NS}, port: http, api_url: '{}', token: {{ value: t1 }} }}\n    priority:\n      tiers:\n        - {{ name: same-zone, labels: {{ zone: zone-a }} }}\n        - {{ name: other-zones }}\n",
+            kube.url()
+        ),
+    )
+    .expect("config");
+    let out = cmd()
+        .args(["run", "--dry-run", "--once", "--output", "json", "--config"])
+        .arg(&cfg)
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let line = stdout.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON in {stdout}"));
+    let report: serde_json::Value = serde_json::from_str(line).expect("JSON");
+    let pool = &report["pools"][0];
+    assert_eq!(pool["active_tiers"], serde_json::json!(["same-zone"]), "{pool}");
+    let by_member = |t: &MetricsTarget| {
+        let m =
+            pool["members"].as_array().expect("members").iter().find(|m| m["member"] == t.member()).cloned();
+        let m = m.unwrap_or_else(|| panic!("{} missing: {pool}", t.member()));
+        (m["tier"].as_str().unwrap_or_default().to_string(), m["ratio"].as_u64().unwrap_or_default())
+    };
+    for t in &near {
+        let (tier, ratio) = by_member(t);
+        assert!(tier == "same-zone" && ratio > 0, "{tier} {ratio}: {pool}");
+    }
+    assert_eq!(by_member(&far), ("other-zones".to_string(), 0), "{pool}");
+
+    // `region` is no endpoint label: refused by check, with the field named.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, std::fs::read_to_string(&cfg).expect("read").replace("zone: zone-a", "region: a"))
+        .expect("write");
+    let out = cmd().args(["check", "--config"]).arg(&bad).output().expect("check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("pools[0].priority.tiers[0].labels"), "{err}");
+}

@@ -15,6 +15,7 @@
 //! no resync logic, and a failed LIST keeps the last known members, like every other discovery.
 //! The hand-written client of `crate::leader` makes the call (see the README for why not kube-rs).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -157,12 +158,24 @@ pub struct Meta {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Endpoint {
     #[serde(default)]
     pub addresses: Vec<String>,
     #[serde(default)]
     pub conditions: Conditions,
+    /// The endpoint's zone (`topology.kubernetes.io/zone` of its node), when the cluster says.
+    #[serde(default)]
+    pub zone: Option<String>,
+    #[serde(default)]
+    pub node_name: Option<String>,
 }
+
+/// The labels an endpoint gives its member for priority tiers (`labels: { zone: ... }`).
+pub const ENDPOINT_LABELS: [&str; 2] = ["zone", "node"];
+
+/// A member with its endpoint's `zone` and `node` (where set), the labels tiers can name.
+pub type Labelled = (MemberId, BTreeMap<String, String>);
 
 #[derive(Debug, Default, Deserialize)]
 pub struct Conditions {
@@ -185,6 +198,15 @@ pub fn ready_members(
     port: Option<&PortRef>,
     service: &str,
 ) -> Result<Vec<MemberId>, String> {
+    Ok(ready_endpoints(slices, port, service)?.into_iter().map(|(m, _)| m).collect())
+}
+
+/// [`ready_members`] with each member's endpoint labels.
+pub fn ready_endpoints(
+    slices: &[Slice],
+    port: Option<&PortRef>,
+    service: &str,
+) -> Result<Vec<Labelled>, String> {
     let mut out = Vec::new();
     let mut seen_ports: Vec<String> = Vec::new();
     let mut matched_any = false;
@@ -225,7 +247,12 @@ pub fn ready_members(
         for ep in s.endpoints.iter().filter(|e| e.conditions.ready != Some(false)) {
             // The addresses of one endpoint are fungible (Kubernetes: "assumed to be fungible").
             let Some(addr) = ep.addresses.first() else { continue };
-            out.push(MemberId::new(if v6 { format!("[{addr}]:{num}") } else { format!("{addr}:{num}") }));
+            let member = MemberId::new(if v6 { format!("[{addr}]:{num}") } else { format!("{addr}:{num}") });
+            let labels = [("zone", &ep.zone), ("node", &ep.node_name)]
+                .into_iter()
+                .filter_map(|(k, v)| Some((k.to_string(), v.clone()?)))
+                .collect();
+            out.push((member, labels));
         }
     }
     if !matched_any && !seen_ports.is_empty() {
@@ -235,8 +262,8 @@ pub fn ready_members(
             seen_ports.join(", ")
         ));
     }
-    out.sort();
-    out.dedup();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out.dedup_by(|a, b| a.0 == b.0);
     Ok(out)
 }
 
@@ -287,8 +314,8 @@ impl ServiceMembers {
         format!("EndpointSlices of Service {}/{}", self.namespace, self.cfg.service)
     }
 
-    /// The Service's ready endpoints now.
-    pub async fn members(&self) -> Result<Vec<MemberId>, SourceError> {
+    /// The Service's ready endpoints now, with their zone and node.
+    pub async fn members(&self) -> Result<Vec<Labelled>, SourceError> {
         let selector: String = url::form_urlencoded::byte_serialize(
             format!("kubernetes.io/service-name={}", self.cfg.service).as_bytes(),
         )
@@ -302,7 +329,7 @@ impl ServiceMembers {
             ApiError::Decode(detail) => SourceError::Malformed { what: self.what(), detail },
             other => SourceError::Unreachable { what: self.what(), detail: other.to_string() },
         })?;
-        ready_members(&list.items, self.cfg.port.as_ref(), &self.cfg.service)
+        ready_endpoints(&list.items, self.cfg.port.as_ref(), &self.cfg.service)
             .map_err(|detail| SourceError::Malformed { what: self.what(), detail })
     }
 
@@ -324,6 +351,8 @@ mod tests {
                 .map(|(a, r)| Endpoint {
                     addresses: vec![a.to_string()],
                     conditions: Conditions { ready: *r },
+                    zone: None,
+                    node_name: None,
                 })
                 .collect(),
             ports: Some(
@@ -364,6 +393,19 @@ mod tests {
         assert!(e.contains("several ports (http (8000), metrics (9000))"), "{e}");
         let e = ready_members(&s, Some(&PortRef::Name("grpc".into())), "vllm").expect_err("no such port");
         assert!(e.contains("no port \"grpc\""), "{e}");
+    }
+
+    #[test]
+    fn endpoints_carry_their_zone_and_node_from_the_slice_json() {
+        let json = r#"{"items":[{"metadata":{"name":"vllm-a"},"addressType":"IPv4","ports":[{"name":"http","port":8000}],
+            "endpoints":[{"addresses":["10.0.0.1"],"conditions":{"ready":true},"zone":"zone-a","nodeName":"worker-1"},
+                         {"addresses":["10.0.0.2"],"conditions":{"ready":true}}]}]}"#;
+        let list: SliceList = serde_json::from_str(json).expect("slice list");
+        let got = ready_endpoints(&list.items, None, "vllm").expect("ok");
+        let labels = |i: usize| got[i].1.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+        assert_eq!(got[0].0.as_str(), "10.0.0.1:8000");
+        assert_eq!(labels(0), ["node=worker-1", "zone=zone-a"]);
+        assert!(labels(1).is_empty(), "no zone: no label, never an empty one");
     }
 
     #[test]

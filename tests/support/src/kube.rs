@@ -180,6 +180,21 @@ impl FakeKube {
         g.slices.insert((namespace.to_string(), name.to_string()), obj);
     }
 
+    /// Put every endpoint of an EndpointSlice in `zone` on `node` (what the EndpointSlice controller
+    /// copies from the pod's node: `topology.kubernetes.io/zone` and its name).
+    pub fn set_endpoint_zone(&self, namespace: &str, name: &str, zone: &str, node: &str) {
+        let mut g = self.lock();
+        g.version += 1;
+        let rv = g.version.to_string();
+        if let Some(obj) = g.slices.get_mut(&(namespace.to_string(), name.to_string())) {
+            obj["metadata"]["resourceVersion"] = json!(rv);
+            for ep in obj["endpoints"].as_array_mut().into_iter().flatten() {
+                ep["zone"] = json!(zone);
+                ep["nodeName"] = json!(node);
+            }
+        }
+    }
+
     pub fn delete_endpoint_slice(&self, namespace: &str, name: &str) {
         let mut g = self.lock();
         g.version += 1;
