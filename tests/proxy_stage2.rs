@@ -180,6 +180,10 @@ async fn real_controller_feeds_ratios_by_webhook_and_by_poll() {
             "name": "llm",
             "source": "direct",
             "members": {"static": m},
+            // The plumbing is under test, not the policy: `feedback` moves the ratios apart as soon as
+            // the KV usages differ (the default `capacity` waits for a utilization gap past its trim
+            // band, which a loaded machine may not reach in time).
+            "policy": {"kind": "feedback"},
             "sink": {"kind": "webhook", "url": format!("http://{}/admin/ratios", pushed.admin_addr())},
         }],
     });
