@@ -138,7 +138,7 @@ struct Member {
     s: Option<f64>,
     trim: f64,
     last: Option<u32>,
-    /// Age of the sample seen last cycle: a sample whose age grew is the same reading again.
+    /// Age of the sample seen last cycle (see [`Capacity::is_new`]).
     age: Option<std::time::Duration>,
     /// The sample is new this cycle (the trim integrates each reading once).
     fresh: bool,
@@ -153,13 +153,23 @@ impl Member {
 
 pub struct Capacity {
     pub params: CapacityParams,
+    /// The controller's cycle interval: how much older a reading seen again has become.
+    interval: std::time::Duration,
     /// Per-member memory, kept in line with the snapshot's members (index = position).
     members: MemberMap<Member>,
 }
 
 impl Capacity {
-    pub fn new(params: CapacityParams) -> Self {
-        Capacity { params, members: MemberMap::default() }
+    pub fn new(params: CapacityParams, interval: std::time::Duration) -> Self {
+        Capacity { params, interval, members: MemberMap::default() }
+    }
+
+    /// Whether a sample of age `age` is a new reading, after one of age `prev` a cycle ago. The same
+    /// reading seen again is a whole interval older; a new one is younger than that. Comparing
+    /// the ages alone would call a new scrape that took a millisecond longer than the last one
+    /// (direct scrapes: ages of a few ms that jitter) a repeat.
+    fn is_new(&self, prev: Option<std::time::Duration>, age: std::time::Duration) -> bool {
+        prev.is_none_or(|prev| age < prev + self.interval / 2 || self.interval.is_zero())
     }
 
     fn usage(&self, s: &Sample) -> f64 {
@@ -169,7 +179,7 @@ impl Capacity {
     /// Update a member's estimates from one fresh sample.
     fn observe(&self, mut m: Member, s: &Sample) -> Member {
         let p = &self.params;
-        m.fresh = m.age.is_none_or(|a| s.age <= a);
+        m.fresh = self.is_new(m.age, s.age);
         m.age = Some(s.age);
         let queued = s.waiting >= 1.0;
         let blend = |old: Option<f64>, new: f64, at_once: bool| match old {
@@ -434,6 +444,19 @@ mod tests {
         }
         let share = f64::from(last[0]) / f64::from(last[1]);
         assert!((1.0 / 16.0 - 0.02..0.7).contains(&share), "trimmed, within trim_max^2: {last:?}");
+    }
+
+    #[test]
+    fn the_trim_integrates_each_reading_once_whatever_its_age_jitter() {
+        let c = Capacity::new(CapacityParams::default(), Duration::from_secs(5));
+        let ms = Duration::from_millis;
+        // Direct scrapes: a new reading every cycle, ages of a few ms that jitter either way.
+        assert!(c.is_new(Some(ms(3)), ms(4)) && c.is_new(Some(ms(4)), ms(2)));
+        // Prometheus every 15 s, a cycle every 5 s: the same reading 5 s older, twice, then a new one.
+        assert!(!c.is_new(Some(ms(1_000)), ms(6_000)) && !c.is_new(Some(ms(6_000)), ms(11_000)));
+        assert!(c.is_new(Some(ms(11_000)), ms(1_200)));
+        // A late cycle makes a repeat older still, never new; the first reading is new.
+        assert!(!c.is_new(Some(ms(1_000)), ms(9_000)) && c.is_new(None, ms(9_000)));
     }
 
     #[test]

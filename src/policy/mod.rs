@@ -149,7 +149,7 @@ impl PoolPolicy {
         let algo = match cfg {
             PolicyConfig::Headroom(p) => Algo::Headroom(headroom::Headroom::new(p.clone())),
             PolicyConfig::Feedback(p) => Algo::Feedback(feedback::Feedback::new(p.clone())),
-            PolicyConfig::Capacity(p) => Algo::Capacity(capacity::Capacity::new(p.clone())),
+            PolicyConfig::Capacity(p) => Algo::Capacity(capacity::Capacity::new(p.clone(), interval)),
         };
         PoolPolicy { algo, range, stale_after, grace_cycles, missing: BTreeMap::new() }
     }
