@@ -383,9 +383,10 @@ impl Config {
             match (&p.join.regex, &p.join.replacement) {
                 (Some(r), _) => {
                     if let Err(e) = regex::Regex::new(r) {
-                        // The regex crate's message spans several lines with a caret; its last line says what is wrong.
-                        let why = e.to_string().lines().last().unwrap_or_default().trim().to_string();
-                        err(at("join.regex"), &format!("invalid regex: {why}"));
+                        err(
+                            at("join.regex"),
+                            &format!("invalid regex: {}", crate::source::validate::regex_error(&e)),
+                        );
                     }
                 }
                 (None, Some(_)) => err(at("join.replacement"), "needs join.regex"),

@@ -2,11 +2,12 @@
 //!
 //! A pool's members are split into ordered tiers (the local cluster or region first, then the next
 //! one); a member's tier is the first that names it, and a member no tier names belongs to the last
-//! one. A tier names members by a regex on the member id (`members`), by the labels of their series
-//! in Prometheus/Thanos (`labels: { region: east }`, e.g. a Thanos external label, read with a
-//! `group by` query each cycle) or of their Kubernetes endpoints (`zone`, `node`), or both. Labels are remembered once seen, so a member whose data
-//! goes missing keeps its tier; one whose labels were never seen is in the last tier. Only the *active* tiers carry traffic: tier 0 always, the next one
-//! once the active tiers are saturated, and so on. Inactive tiers get ratio 0, which each load
+//! one. A tier names members by a regex on the member id (`members`), by labels (`labels`) of their
+//! series in Prometheus/Thanos (e.g. a Thanos external label `cluster`, read with a `group by`
+//! query each cycle) or of their Kubernetes endpoints (`zone`, `node`), or by both. Labels are
+//! remembered once seen, so a member whose data goes missing keeps its tier; one whose labels were
+//! never seen is in the last tier. Only the *active* tiers carry traffic: tier 0 always, the next
+//! one once the active tiers are saturated, and so on. Inactive tiers get ratio 0, which each load
 //! balancer expresses natively:
 //! - **HAProxy**: weight 0 (`allow_drain: true` is required): no new balanced traffic, health checks
 //!   and stickiness untouched. HAProxy's `backup` flag cannot be set at run time, and it only spills
@@ -40,7 +41,7 @@ use std::collections::BTreeMap;
 use llm_lc_adapters::{MemberId, Ratios};
 use serde::Deserialize;
 
-use crate::source::Snapshot;
+use crate::source::{validate, Snapshot};
 
 /// `priority:` of a pool in the config file.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -68,8 +69,9 @@ pub struct TierConfig {
     /// and `labels` out on the last tier to mean "everything else".
     #[serde(default)]
     pub members: Option<String>,
-    /// Series labels (name -> anchored regex on the value) every one of which a member's series must
-    /// carry, e.g. `{ cluster: "east-.*" }`. Prometheus sources only.
+    /// Labels (name -> anchored regex on the value) a member must carry, every one: of its series
+    /// with a Prometheus source (`{ cluster: "east-.*" }`), or of its endpoint with Kubernetes
+    /// members (`zone`, `node`).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
 }
@@ -103,9 +105,7 @@ impl PriorityConfig {
             } else if !names.insert(t.name.as_str()) {
                 errs.push((format!("tiers[{i}].name"), format!("duplicate tier name {:?}", t.name)));
             }
-            let invalid = |e: regex::Error| {
-                format!("invalid regex: {}", e.to_string().lines().last().unwrap_or_default().trim())
-            };
+            let invalid = |e: regex::Error| format!("invalid regex: {}", validate::regex_error(&e));
             match &t.members {
                 Some(re) => {
                     if let Err(e) = anchored(re) {
@@ -121,12 +121,8 @@ impl PriorityConfig {
                 None => {}
             }
             for (name, re) in &t.labels {
-                let valid_name = name
-                    .chars()
-                    .enumerate()
-                    .all(|(j, c)| c == '_' || c.is_ascii_alphabetic() || (j > 0 && c.is_ascii_digit()))
-                    && !name.is_empty();
-                if !valid_name || name.starts_with("__") {
+                // `__`-names are Prometheus' own (`__name__`): never a series label to match.
+                if !validate::label_name(name) || name.starts_with("__") {
                     errs.push((
                         format!("tiers[{i}].labels.{name}"),
                         "not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)".into(),

@@ -65,6 +65,19 @@ pub fn selector(s: &str) -> Result<(), String> {
     })
 }
 
+/// A Prometheus label name written plainly: `[a-zA-Z_][a-zA-Z0-9_]*`.
+pub fn label_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// What is wrong with a regex, on one line: the regex crate's message spans several lines with a
+/// caret, and its last line says it.
+pub fn regex_error(e: &regex::Error) -> String {
+    e.to_string().lines().last().unwrap_or_default().trim().to_string()
+}
+
 /// A selector in braces, e.g. `{job="vllm"}` (the `prometheus_up` form).
 pub fn braced_selector(s: &str) -> Result<(), String> {
     let inner = s
@@ -94,11 +107,11 @@ fn matchers(s: &str) -> Result<(), String> {
         if b[i] == b'"' {
             quoted(b, &mut i)?;
         } else {
-            if !(b[i].is_ascii_alphabetic() || b[i] == b'_') {
-                return Err(format!("`{}` does not start with a label name", &s[name_start..]));
-            }
             while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
                 i += 1;
+            }
+            if !label_name(&s[name_start..i]) {
+                return Err(format!("`{}` does not start with a label name", &s[name_start..]));
             }
         }
         let name = &s[name_start..i];
@@ -111,10 +124,8 @@ fn matchers(s: &str) -> Result<(), String> {
         ws(&mut i);
         let value = quoted(b, &mut i).map_err(|e| format!("value of {name}: {e}"))?;
         if op.ends_with('~') {
-            regex::Regex::new(&format!("^(?:{value})$")).map_err(|e| {
-                let why = e.to_string().lines().last().unwrap_or_default().trim().to_string();
-                format!("regex of {name}: {why}")
-            })?;
+            regex::Regex::new(&format!("^(?:{value})$"))
+                .map_err(|e| format!("regex of {name}: {}", regex_error(&e)))?;
         }
         count += 1;
         ws(&mut i);
