@@ -78,8 +78,9 @@ impl Members {
         Arc::new(Members { idle: Mutex::new(IdleLists::default()), connect_timeout })
     }
 
-    /// Send `req` (absolute URI, as built by `member_uri`) to its member and wait for the response
-    /// head. The response body drives the connection as it is read.
+    /// Send `req` to the member of `uri` (absolute, as built by `member_uri`; `req`'s own URI is
+    /// replaced) and wait for the response head. The response body drives the connection as it is
+    /// read.
     pub async fn send(
         self: &Arc<Self>,
         uri: &Uri,
@@ -89,8 +90,9 @@ impl Members {
             return Err(SendError::Connect(format!("{uri} has no host")));
         };
         let key = authority.as_str().to_string();
-        // hyper's connection writes the URI as given: origin-form on the wire, with a Host header.
-        *req.uri_mut() = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").parse().unwrap_or_default();
+        // hyper's connection writes the URI as given: origin-form on the wire (uvicorn routes the
+        // request target as a path), with a Host header. Built from the parsed parts, not re-parsed.
+        *req.uri_mut() = uri.path_and_query().cloned().map_or_else(|| Uri::from_static("/"), Uri::from);
         if let Ok(host) = HeaderValue::from_str(&key) {
             req.headers_mut().insert(header::HOST, host);
         }
@@ -328,9 +330,19 @@ mod tests {
                     let mut buf = vec![0u8; 4096];
                     for i in 0.. {
                         // One request: a head and a 2-byte body ("{}") per read in these tests.
-                        match tcp.read(&mut buf).await {
+                        let n = match tcp.read(&mut buf).await {
                             Ok(0) | Err(_) => break,
-                            Ok(_) => {}
+                            Ok(n) => n,
+                        };
+                        // What uvicorn routes on: an origin-form target, and the member as Host.
+                        let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+                        if !head.starts_with("post /v1/chat/completions http/1.1\r\n")
+                            || !head.contains("\r\nhost: 127.0.0.1:")
+                        {
+                            let _ = tcp
+                                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 3\r\n\r\nbad")
+                                .await;
+                            continue;
                         }
                         match (kind, i) {
                             (Member::ClosesOnSecond, 1) => break,

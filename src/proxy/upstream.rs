@@ -117,7 +117,6 @@ impl Upstream {
     pub async fn send(&self, uri: &Uri, headers: &HeaderMap, body: Bytes) -> Result<Started, ForwardError> {
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = Method::POST;
-        *req.uri_mut() = uri.clone();
         let out = req.headers_mut();
         out.reserve(headers.len());
         for (k, v) in headers {

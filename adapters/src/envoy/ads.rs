@@ -276,7 +276,7 @@ mod tests {
                     },
                     load_balancing_weight: 7,
                 }],
-                priority: 0,
+                priority: 1,
             }],
         };
         let resp = wire::DiscoveryResponse {
@@ -287,6 +287,7 @@ mod tests {
         let p = to_proto(&resp, "1".into());
         assert_eq!(p.nonce, "1");
         let back = ep::ClusterLoadAssignment::decode(p.resources[0].value.as_slice()).unwrap();
+        assert_eq!(back.endpoints[0].priority, 1, "a standby priority travels over gRPC too");
         let lb = &back.endpoints[0].lb_endpoints[0];
         assert_eq!(lb.load_balancing_weight.as_ref().map(|w| w.value), Some(7));
         let Some(ep::lb_endpoint::HostIdentifier::Endpoint(e)) = &lb.host_identifier else { panic!() };

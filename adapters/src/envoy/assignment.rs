@@ -108,7 +108,7 @@ pub fn build(
     let mut drained = BTreeSet::new();
     let mut seen: BTreeMap<SocketAddr, &MemberId> = BTreeMap::new();
     let mut live: Vec<(&Resolved, u32)> = Vec::new();
-    // Members at 0, in member order: the standby priority's endpoints when `standby`.
+    // The members at 0 (in member order): the standby priority's endpoints when `standby`.
     let mut parked: Vec<&Resolved> = Vec::new();
     for (r, ratio) in sorted {
         if let Some(first) = seen.get(&r.addr) {
@@ -153,7 +153,7 @@ pub fn build(
         lb_endpoints.push(endpoint(r, w));
     }
     let mut endpoints = vec![LocalityLbEndpoints { lb_endpoints, priority: 0 }];
-    if standby && !drained.is_empty() {
+    if standby && !parked.is_empty() {
         // In member order, like the served ones (the version must not depend on input order).
         let standby: Vec<LbEndpoint> = parked.iter().map(|r| endpoint(r, 1)).collect();
         endpoints.push(LocalityLbEndpoints { lb_endpoints: standby, priority: STANDBY_PRIORITY });
@@ -197,7 +197,8 @@ pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
-/// Read an assignment back into held weights (priority 0), naming each endpoint as the controller names members:
+/// Read an assignment back into held weights (priority 0), naming each endpoint as the controller
+/// names members:
 /// `hostname:port` when a hostname is set, else `ip:port` (`[ip]:port` for IPv6).
 pub fn served_from(cla: &ClusterLoadAssignment) -> BTreeMap<MemberId, u32> {
     at_priority(cla, |p| p == 0)
