@@ -56,7 +56,7 @@ impl QueryOverrides {
 }
 
 /// Metric names for each signal after overrides. Several names mean "whichever exists", first wins.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MetricNames {
     pub waiting: Vec<String>,
     pub running: Vec<String>,
@@ -166,10 +166,7 @@ pub fn promql(
     selector: Option<&str>,
     rate_window: Duration,
 ) -> Vec<(Signal, String)> {
-    let sel = |metric: &str| match selector {
-        Some(s) if !s.trim().is_empty() => format!("{metric}{{{s}}}"),
-        _ => metric.to_string(),
-    };
+    let sel = |metric: &str| selected(metric, selector);
     // `a or b`: the first name's series where it exists, the second's elsewhere. Lets one profile read
     // servers on both sides of a metric rename without double counting.
     let either = |agg: &str, list: &[String]| -> Option<String> {
@@ -216,26 +213,51 @@ pub fn promql(
     out
 }
 
+/// `metric{selector}`, or the bare metric without a selector.
+fn selected(metric: &str, selector: Option<&str>) -> String {
+    match selector {
+        Some(s) if !s.trim().is_empty() => format!("{metric}{{{s}}}"),
+        _ => metric.to_string(),
+    }
+}
+
 /// The query that tells which tier labels each member's series carry: one row per member and label
-/// combination, from the first waiting metric (`up` when none is known), so Thanos external labels
-/// and target labels both show.
+/// combination, from the waiting metrics (either name where a profile knows two, like the signal
+/// queries; `up` when none is known), so Thanos external labels and target labels both show.
 pub fn labels_promql(
     names: &MetricNames,
     join_label: &str,
     selector: Option<&str>,
     labels: &[String],
 ) -> String {
-    let metric = names.waiting.first().map(String::as_str).unwrap_or("up");
-    let sel = match selector {
-        Some(s) if !s.trim().is_empty() => format!("{metric}{{{s}}}"),
-        _ => metric.to_string(),
+    let by = format!("group by ({join_label}, {})", labels.join(", "));
+    let metrics: Vec<&str> = match names.waiting.is_empty() {
+        true => vec!["up"],
+        false => names.waiting.iter().map(String::as_str).collect(),
     };
-    format!("group by ({join_label}, {}) ({sel})", labels.join(", "))
+    metrics.iter().map(|m| format!("{by} ({})", selected(m, selector))).collect::<Vec<_>>().join(" or ")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_labels_query_keeps_the_tier_labels_on_either_waiting_name() {
+        let names = MetricNames {
+            waiting: vec!["vllm:num_requests_waiting".into(), "vllm_num_requests_waiting".into()],
+            ..MetricNames::default()
+        };
+        let q = labels_promql(&names, "instance", Some(r#"job="vllm""#), &["cluster".into()]);
+        assert_eq!(
+            q,
+            r#"group by (instance, cluster) (vllm:num_requests_waiting{job="vllm"}) or group by (instance, cluster) (vllm_num_requests_waiting{job="vllm"})"#
+        );
+        assert_eq!(
+            labels_promql(&MetricNames::default(), "pod", None, &["zone".into()]),
+            "group by (pod, zone) (up)"
+        );
+    }
 
     #[test]
     fn vllm_queries_aggregate_by_join_label_and_accept_both_kv_names() {
