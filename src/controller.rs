@@ -551,6 +551,9 @@ impl PoolRuntime {
                 if let Some(l) = s.latency {
                     m.member_latency.get_or_create(&ml).set(l);
                 }
+                if let Some(t) = s.service {
+                    m.member_service.get_or_create(&ml).set(t);
+                }
                 m.member_sample_age.get_or_create(&ml).set(s.age.as_secs_f64());
             }
             MemberReport {

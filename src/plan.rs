@@ -204,6 +204,7 @@ fn pool(cfg: &Config, p: &PoolConfig) -> Value {
             put(&mut q, "running", list(&names.running));
             put(&mut q, "kv_usage", list(&names.kv_usage));
             put(&mut q, "latency_histogram", list(&names.latency_histogram));
+            put(&mut q, "service_histogram", list(&names.service_histogram));
             put(&mut m, "metrics", q);
         }
     }

@@ -47,6 +47,7 @@ pub struct Metrics {
     pub member_running: FGauge,
     pub member_kv_usage: FGauge,
     pub member_latency: FGauge,
+    pub member_service: FGauge,
     pub member_sample_age: FGauge,
     pub pool_saturation: FGauge,
     pub pool_fresh_members: FGauge,
@@ -105,6 +106,11 @@ impl Metrics {
             g(&mut r, "llmlc_member_kv_usage_ratio", "KV-cache usage of the member, 0..1 (last sample)");
         let member_latency =
             g(&mut r, "llmlc_member_latency_seconds", "Mean processing time of the member (last sample)");
+        let member_service = g(
+            &mut r,
+            "llmlc_member_service_seconds",
+            "Mean time requests ran on the member, queueing excluded (last sample)",
+        );
         let member_sample_age =
             g(&mut r, "llmlc_member_sample_age_seconds", "Age of the member's last sample");
         let pool_saturation = g(
@@ -182,6 +188,7 @@ impl Metrics {
             member_running,
             member_kv_usage,
             member_latency,
+            member_service,
             member_sample_age,
             pool_saturation,
             pool_fresh_members,
@@ -220,6 +227,7 @@ impl Metrics {
             &self.member_running,
             &self.member_kv_usage,
             &self.member_latency,
+            &self.member_service,
             &self.member_sample_age,
         ] {
             f.remove(&l);

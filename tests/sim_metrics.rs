@@ -10,7 +10,7 @@ use llm_lc_sim::{MetricsStyle, ModelProfile};
 use llm_lc_testkit::prometheus::Prometheus;
 use llm_lc_testkit::sim::*;
 use llm_load_controller::config::{JoinConfig, ScrapeConfig};
-use llm_load_controller::source::profile::ProfileName;
+use llm_load_controller::source::profile::{promql, ProfileName, QueryOverrides, Signal};
 use llm_load_controller::source::scrape::{self, ScrapeSource};
 use llm_load_controller::source::{Join, PoolQuery, Sample};
 use serde_json::{json, Value};
@@ -49,6 +49,10 @@ async fn metrics_count_what_happened() {
     // Mean e2e in model time: 7 steps of a few ms each.
     let mean_e2e = m("vllm:e2e_request_latency_seconds_sum", &[]) / 5.0;
     assert!((0.005..0.5).contains(&mean_e2e), "mean e2e {mean_e2e}");
+    // Time in the running batch: every request ran, none longer than it took end to end.
+    assert_eq!(m("vllm:request_inference_time_seconds_count", &[]), 5.0);
+    let mean_inference = m("vllm:request_inference_time_seconds_sum", &[]) / 5.0;
+    assert!(mean_inference > 0.0 && mean_inference <= mean_e2e, "inference {mean_inference}, e2e {mean_e2e}");
 }
 
 fn pool(addrs: &[std::net::SocketAddr], profile: ProfileName) -> PoolQuery {
@@ -159,6 +163,24 @@ async fn slow_replica_shows_longer_queue_and_higher_kv_in_prometheus() {
         "waiting {waiting:?}"
     );
     assert!(kv[2] > 1.2 * kv[0].max(kv[1]), "kv {kv:?}");
+
+    // The controller's PromQL for the two timings: the slow replica's requests queued, so their end
+    // to end time carries the wait while their time running (vLLM's inference time) does not.
+    let queries = promql(
+        &ProfileName::Vllm.metric_names(),
+        &QueryOverrides::default(),
+        "instance",
+        None,
+        Duration::from_secs(60),
+    );
+    let query = |s: Signal| queries.iter().find(|(x, _)| *x == s).map(|(_, q)| q.clone()).expect("query");
+    let latency = by_instance(prom.query(&query(Signal::Latency)).await);
+    let service = by_instance(prom.query(&query(Signal::Service)).await);
+    println!("mean e2e per replica: {latency:?}\nmean time running per replica: {service:?}");
+    for i in 0..3 {
+        assert!(service[i] > 0.0 && service[i] <= latency[i] + 1e-9, "service {service:?} e2e {latency:?}");
+    }
+    assert!(latency[2] > 1.5 * service[2], "the queue's wait is in e2e only: {latency:?} vs {service:?}");
 
     // The controller's own direct scrape sees the same picture right now.
     let now = controller_reads(&f.addrs(), ProfileName::Vllm).await;

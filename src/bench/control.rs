@@ -20,6 +20,9 @@ pub struct Observation {
     pub kv_usage: f64,
     /// Mean processing time over the source's window; `None` when no request finished in it.
     pub latency_s: Option<f64>,
+    /// Mean time requests ran (queue excluded) over the same window, as vLLM's
+    /// `vllm:request_inference_time_seconds` says; `None` when no request finished in it.
+    pub service_s: Option<f64>,
     /// How old the observation is.
     pub age_s: f64,
 }

@@ -6,11 +6,12 @@
 //!   ([`Engine::step_into`], the code `sim` runs); its events take effect now. The next step starts
 //!   at once if the engine has work, as vLLM's engine loop does;
 //! - `Scrape(r)`: the metrics pipeline records replica `r`'s gauges (waiting, running, KV usage) and
-//!   its end-to-end latency histogram's sum and count. With Prometheus every target has its own phase
-//!   inside the scrape interval, as Prometheus spreads targets; the controller sees the last recorded
-//!   value and its age. The mean processing time is the histogram's growth over the latency window
-//!   (Prometheus: `rate(sum[1m]) / rate(count[1m])`, the first and last scrape inside the minute;
-//!   direct scrape: since the previous cycle), and absent when no request finished in it;
+//!   its end-to-end latency and inference time (running, queue excluded) histograms' sums and
+//!   count. With Prometheus every target has its own phase inside the scrape interval, as
+//!   Prometheus spreads targets; the controller sees the last recorded value and its age. The mean
+//!   processing and service times are the histograms' growth over the latency window (Prometheus:
+//!   `rate(sum[1m]) / rate(count[1m])`, the first and last scrape inside the minute; direct scrape:
+//!   since the previous cycle), and absent when no request finished in it;
 //! - `Push`: one control cycle: the controller's own cycle ([`super::control`]) on the recorded
 //!   samples; the ratios reach the balancer after the LB kind's delay ([`LbKind`]);
 //! - `Apply`: pushed ratios take effect in every balancer instance;
@@ -277,6 +278,8 @@ struct Req {
     replica: u32,
     measured: bool,
     scheduled: bool,
+    /// When it was first scheduled (its time running starts).
+    scheduled_at: f64,
     live: bool,
     /// Which balancer instance sent it; `EXTERNAL` for traffic from outside this LB.
     lb: u16,
@@ -284,18 +287,24 @@ struct Req {
 
 const EXTERNAL: u16 = u16::MAX;
 
+/// Mean end-to-end and running times over the latency window, in seconds.
+type Means = (f64, f64);
+
 struct Replica {
     engine: Engine,
     busy: bool,
     /// Events of the step in progress; they take effect at its end.
     pending: Vec<EngineEvent>,
-    /// Last scrape: gauges, when they were taken, and the mean processing time over the window.
-    sample: Option<(EngineStats, f64, Option<f64>)>,
-    /// The server's e2e latency histogram, as its `_sum` and `_count` would say.
+    /// Last scrape: gauges, when they were taken, and the mean processing and service times over
+    /// the window.
+    sample: Option<(EngineStats, f64, Option<Means>)>,
+    /// The server's e2e latency and inference time histograms, as their `_sum`s and `_count` would
+    /// say (both are observed when a request finishes, so they share the count).
     e2e_sum: f64,
+    run_sum: f64,
     e2e_count: u64,
-    /// Scrapes of (time, sum, count) still inside the latency window.
-    scraped: VecDeque<(f64, f64, u64)>,
+    /// Scrapes of (time, e2e sum, run sum, count) still inside the latency window.
+    scraped: VecDeque<(f64, f64, f64, u64)>,
 }
 
 struct Sim<'a> {
@@ -375,6 +384,7 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
             pending: Vec::with_capacity(512),
             sample: None,
             e2e_sum: 0.0,
+            run_sum: 0.0,
             e2e_count: 0,
             scraped: VecDeque::new(),
         });
@@ -665,6 +675,7 @@ impl Sim<'_> {
             replica: r as u32,
             measured,
             scheduled: false,
+            scheduled_at: 0.0,
             live: true,
             lb,
         };
@@ -713,7 +724,12 @@ impl Sim<'_> {
         // Queue time ends when the step starts: from now on the client is being served.
         for ev in &rep.pending {
             if let EngineEvent::Scheduled { id } = *ev {
-                self.reqs[id as usize].scheduled = true;
+                let q = &mut self.reqs[id as usize];
+                // A preempted request is scheduled again; its running time starts at the first.
+                if !q.scheduled {
+                    q.scheduled = true;
+                    q.scheduled_at = self.now;
+                }
             }
         }
         rep.busy = true;
@@ -749,6 +765,7 @@ impl Sim<'_> {
                     let q = self.reqs[id as usize];
                     let rep = &mut self.reps[r];
                     rep.e2e_sum += now - q.arrival;
+                    rep.run_sum += now - q.scheduled_at;
                     rep.e2e_count += 1;
                     if q.measured {
                         self.e2e.push((now - q.arrival + self.rtt(r)) as f32);
@@ -793,15 +810,17 @@ impl Sim<'_> {
         let now = self.now;
         let window = self.spec.signals.latency_window_s;
         let rep = &mut self.reps[r];
-        rep.scraped.push_back((now, rep.e2e_sum, rep.e2e_count));
+        rep.scraped.push_back((now, rep.e2e_sum, rep.run_sum, rep.e2e_count));
         // Drop scrapes that left the window: rate() uses the first and the last sample inside it.
         while rep.scraped.len() > 1 && rep.scraped[0].0 <= now - window {
             rep.scraped.pop_front();
         }
-        let (_, sum0, count0) = rep.scraped[0];
-        let latency =
-            (rep.e2e_count > count0).then(|| (rep.e2e_sum - sum0) / (rep.e2e_count - count0) as f64);
-        rep.sample = Some((rep.engine.stats(), now, latency));
+        let (_, e2e0, run0, count0) = rep.scraped[0];
+        let means = (rep.e2e_count > count0).then(|| {
+            let n = (rep.e2e_count - count0) as f64;
+            ((rep.e2e_sum - e2e0) / n, (rep.run_sum - run0) / n)
+        });
+        rep.sample = Some((rep.engine.stats(), now, means));
     }
 
     fn push(&mut self) {
@@ -811,11 +830,12 @@ impl Sim<'_> {
             .reps
             .iter()
             .map(|rep| {
-                rep.sample.map(|(s, at, latency)| Observation {
+                rep.sample.map(|(s, at, means)| Observation {
                     waiting: f64::from(s.waiting),
                     running: f64::from(s.running),
                     kv_usage: s.kv_usage,
-                    latency_s: latency,
+                    latency_s: means.map(|m| m.0),
+                    service_s: means.map(|m| m.1),
                     age_s: (now - at).max(0.0),
                 })
             })

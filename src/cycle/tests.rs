@@ -17,7 +17,14 @@ fn members() -> Vec<MemberId> {
 }
 
 fn sample(kv: f64, age_s: u64) -> Sample {
-    Sample { waiting: 0.0, running: 4.0, kv_usage: Some(kv), latency: None, age: Duration::from_secs(age_s) }
+    Sample {
+        waiting: 0.0,
+        running: 4.0,
+        kv_usage: Some(kv),
+        latency: None,
+        service: None,
+        age: Duration::from_secs(age_s),
+    }
 }
 
 /// a is busier than b, so the policy wants different ratios.
@@ -364,6 +371,7 @@ fn a_replica_slowed_to_a_third_is_written_within_three_cycles_under_the_f5_chang
             running: 100.0,
             kv_usage: Some(0.4),
             latency: Some(latency),
+            service: None,
             age: Duration::ZERO,
         })
     };

@@ -10,11 +10,18 @@
 //! - **capacity in concurrent requests** `K = min(max_num_seqs, running / KV usage)`: how many of
 //!   today's requests fill the server (its batch limit or its memory, whichever binds). Smoothed:
 //!   memory does not change suddenly, the mix on one server at one instant is noisy;
-//! - **service time** `s`: the mean processing time, learnt while the server does not queue (then
-//!   latency is service). Feed-forward: when a queued server's latency exceeds its estimate by half
-//!   or more, the estimate jumps at once to that latency with the queue's part taken out (Little's
-//!   law: `latency x running / (running + waiting)`), so a server slowed to a third is at its new
-//!   share as soon as its samples show it;
+//! - **service time** `s`: preferably the mean time requests spent running (vLLM's
+//!   `vllm:request_inference_time_seconds`), which carries no queueing and so is usable whether the
+//!   server queues or not. Otherwise the mean end-to-end time, learnt while the server does not
+//!   queue (then latency is service). End-to-end times of a queued server carry the waits of a
+//!   backlog that may be gone: a replica left with a long queue was estimated 2-3x slower than it
+//!   is and got its share back only minutes after the queue had drained. Feed-forward: when a
+//!   queued server's time exceeds its estimate by half or more, the estimate jumps at once to it
+//!   (an end-to-end time with the queue's part taken out, by Little's law:
+//!   `latency x running / (running + waiting)`), so a server slowed to a third is at its new share
+//!   as soon as its samples show it. Not on a memory-bound server (KV usage >= 0.9): it preempts
+//!   and recomputes, and vLLM counts a preempted request's wait as running, so its times grow with
+//!   the load, not with lost speed;
 //! - **queueing delay** `d = waiting x s / K`: how long a request sent now waits for its first token.
 //!
 //! The ratio is `base x trim x delay factor`:
@@ -30,9 +37,12 @@
 //! - `trim`: a slow integral on utilization `(running + waiting) / K` (capped at 1) toward the pool
 //!   mean, outside a band of `trim_band` (noise would make it a random walk). It corrects what the
 //!   model cannot see, mainly traffic that reaches a server without passing this LB; bounded to
-//!   `[1/trim_max, trim_max]`. It integrates each reading once: with samples every 15 s and a cycle
-//!   every 5 s, integrating every cycle counted each reading three times and let the trims of
-//!   identical replicas drift apart by +-25% (weighted round robin then overfed some).
+//!   `[1/trim_max, trim_max]`. It integrates each reading once, weighted by the time it covers
+//!   (`gain` is per 15 s): with samples every 15 s and a cycle every 5 s, integrating every cycle
+//!   counted each reading three times and let the trims of identical replicas drift apart by +-25%
+//!   (weighted round robin then overfed some); direct scrapes every second, counted fully, made it
+//!   fifteen times faster than chosen, and it wound up on a passing backlog (the demo's slow
+//!   replica was kept at 1-5% of the traffic for 20 s after its queue had drained).
 //!
 //! Ratios are rescaled so the pool mean sits mid-range; a pool-wide deadband keeps the LB API calm.
 //! Members without estimates yet get the pool's mean. Pure: no clock, no I/O.
@@ -66,7 +76,7 @@ pub struct CapacityParams {
     /// Weighted round robin only: queueing delay, in seconds, above the best member's that halves a
     /// member's share. (Least-connections counts queued requests itself.)
     pub delay_tau: f64,
-    /// Exponent of the utilization correction per cycle (0 turns the trim off).
+    /// Exponent of the utilization correction per 15 s of readings (0 turns the trim off).
     pub gain: f64,
     /// Utilization differences from the pool mean smaller than this do not move the trim (noise
     /// and 15 s-old samples would make it a random walk).
@@ -128,6 +138,10 @@ const MIN_RUNNING: f64 = 4.0;
 const MIN_USAGE: f64 = 0.02;
 /// A service time this much longer than the estimate, on a queued server, is a slowdown, not noise.
 const SLOWDOWN: f64 = 1.5;
+/// The trim's `gain` is per this much time of readings (a Prometheus scrape interval).
+const TRIM_PERIOD: std::time::Duration = std::time::Duration::from_secs(15);
+/// KV usage from which a server is memory-bound: it preempts requests and recomputes them.
+const MEMORY_BOUND: f64 = 0.9;
 
 /// What the policy remembers of one member.
 #[derive(Debug, Clone, Copy, Default)]
@@ -140,8 +154,10 @@ struct Member {
     last: Option<u32>,
     /// Age of the sample seen last cycle (see [`Capacity::is_new`]).
     age: Option<std::time::Duration>,
-    /// The sample is new this cycle (the trim integrates each reading once).
-    fresh: bool,
+    /// Time since the last new reading (see [`Capacity::trim_weight`]).
+    unread: std::time::Duration,
+    /// How much this cycle's reading moves the trim: 0 for one seen before.
+    trim_weight: f64,
 }
 
 impl Member {
@@ -172,6 +188,17 @@ impl Capacity {
         prev.is_none_or(|prev| age < prev + self.interval / 2 || self.interval.is_zero())
     }
 
+    /// How much a new reading moves the trim: the time since the previous one, per
+    /// [`TRIM_PERIOD`], at most 1. So the trim's speed is set in seconds, whatever the source:
+    /// Prometheus readings every 15 s count fully, direct scrapes every second a fifteenth each
+    /// (counted fully, they made the trim fifteen times faster and it chased every transient).
+    fn trim_weight(&self, unread: std::time::Duration) -> f64 {
+        if self.interval.is_zero() {
+            return 1.0;
+        }
+        (unread.as_secs_f64() / TRIM_PERIOD.as_secs_f64()).min(1.0)
+    }
+
     fn usage(&self, s: &Sample) -> f64 {
         s.kv_usage.unwrap_or(s.running / self.params.running_norm)
     }
@@ -179,7 +206,12 @@ impl Capacity {
     /// Update a member's estimates from one fresh sample.
     fn observe(&self, mut m: Member, s: &Sample) -> Member {
         let p = &self.params;
-        m.fresh = self.is_new(m.age, s.age);
+        m.unread += self.interval;
+        m.trim_weight = 0.0;
+        if self.is_new(m.age, s.age) {
+            m.trim_weight = self.trim_weight(m.unread);
+            m.unread = std::time::Duration::ZERO;
+        }
         m.age = Some(s.age);
         let queued = s.waiting >= 1.0;
         let blend = |old: Option<f64>, new: f64, at_once: bool| match old {
@@ -194,7 +226,16 @@ impl Capacity {
             let k = (s.running / usage).min(p.max_num_seqs);
             m.k = Some(blend(m.k, k, false).max(1.0));
         }
-        if let Some(l) = s.latency.filter(|l| *l > 0.0 && l.is_finite()) {
+        let valid = |t: &f64| *t > 0.0 && t.is_finite();
+        if let Some(t) = s.service.filter(valid) {
+            // Time running carries no queueing: usable whether the server queues or not. A much
+            // longer reading on a queued server is a slowdown: believed at once (feed-forward).
+            // Not on a server whose memory is full: it preempts and recomputes, so its requests run
+            // longer because of the load, not because it lost speed (and it queues, so the delay
+            // factor already keeps new requests off it).
+            let slowdown = queued && usage < MEMORY_BOUND && m.s.is_some_and(|o| t > SLOWDOWN * o);
+            m.s = Some(blend(m.s, t, slowdown));
+        } else if let Some(l) = s.latency.filter(valid) {
             if !queued {
                 m.s = Some(blend(m.s, l, false));
             } else if m.s.is_none_or(|o| l > SLOWDOWN * o) {
@@ -254,8 +295,9 @@ impl Capacity {
         for (i, m) in state.iter_mut().enumerate() {
             let u = util[i];
             // Trim toward equal utilization; a floor keeps an idle member from an infinite factor.
-            if m.fresh && p.gain > 0.0 && mean_util > 0.05 && (u - mean_util).abs() > p.trim_band {
-                let f = ((mean_util + 0.05) / (u + 0.05)).powf(p.gain);
+            if m.trim_weight > 0.0 && p.gain > 0.0 && mean_util > 0.05 && (u - mean_util).abs() > p.trim_band
+            {
+                let f = ((mean_util + 0.05) / (u + 0.05)).powf(p.gain * m.trim_weight);
                 m.trim = (m.trim * f).clamp(1.0 / p.trim_max, p.trim_max);
             }
             let h = if p.mode == Mode::RoundRobin {
@@ -293,6 +335,15 @@ impl Capacity {
             };
             m.last = Some(r);
             out.push(r);
+            // Why this ratio, for an operator asking (RUST_LOG=llm_load_controller::policy=debug).
+            tracing::debug!(
+                member = %f.id,
+                capacity = m.k,
+                service_s = m.s,
+                trim = m.trim,
+                ratio = r,
+                "capacity estimate"
+            );
             if let Some(slot) = self.members.at_mut(f.index) {
                 *slot = m;
             }
@@ -330,6 +381,7 @@ mod tests {
             running,
             kv_usage: Some(kv),
             latency: Some(latency),
+            service: None,
             age: Duration::from_secs(1),
         })
     }
@@ -378,6 +430,97 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(ratios(&mut p, &phases[2], &mut prev), last);
         }
+    }
+
+    /// A sample with vLLM's time running (`service`) besides the end-to-end latency.
+    fn timed(waiting: f64, kv: f64, latency: f64, service: f64) -> Option<Sample> {
+        s(waiting, 100.0, kv, latency).map(|x| Sample { service: Some(service), ..x })
+    }
+
+    #[test]
+    fn the_time_running_is_the_service_time_whether_the_server_queues_or_not() {
+        let mut p = policy(Mode::RoundRobin);
+        let mut prev = Default::default();
+        let even = [
+            ("a:1", timed(0.0, 0.4, 10.0, 10.0)),
+            ("b:1", timed(0.0, 0.4, 10.0, 10.0)),
+            ("c:1", timed(0.0, 0.4, 10.0, 10.0)),
+        ];
+        for _ in 0..3 {
+            ratios(&mut p, &even, &mut prev);
+        }
+        // `a` slows to a third. Its end-to-end times carry a minute of queueing on top; the time
+        // running says 30 s, which is taken at once (a slowdown) and not shrunk by the queue.
+        let fast = || timed(0.0, 0.4, 10.0, 10.0);
+        let phases = [
+            [("a:1", timed(30.0, 0.4, 90.0, 30.0)), ("b:1", fast()), ("c:1", fast())],
+            [("a:1", timed(10.0, 0.4, 70.0, 30.0)), ("b:1", fast()), ("c:1", fast())],
+            [("a:1", timed(0.0, 0.4, 50.0, 30.0)), ("b:1", fast()), ("c:1", fast())],
+        ];
+        let mut last = vec![];
+        for members in &phases {
+            last = ratios(&mut p, members, &mut prev);
+        }
+        let share = f64::from(last[0]) / f64::from(last[1]);
+        assert!((0.28..=0.40).contains(&share), "a third of the others after 3 cycles: {last:?}");
+        for _ in 0..10 {
+            assert_eq!(ratios(&mut p, &phases[2], &mut prev), last, "and it holds");
+        }
+    }
+
+    #[test]
+    fn long_running_times_on_a_memory_bound_server_are_not_a_slowdown() {
+        // `a` is full (KV 95%) and queues: it preempts and recomputes, so its requests run 1.6x
+        // longer for a while. That is load, not lost speed: the estimate moves by smoothing only,
+        // and once the pressure is gone `a` is back at an equal share.
+        let mut p = policy(Mode::RoundRobin);
+        let mut prev = Default::default();
+        let calm = |kv: f64| timed(0.0, kv, 10.0, 10.0);
+        for _ in 0..3 {
+            ratios(&mut p, &[("a:1", calm(0.4)), ("b:1", calm(0.4)), ("c:1", calm(0.4))], &mut prev);
+        }
+        for _ in 0..3 {
+            ratios(
+                &mut p,
+                &[("a:1", timed(5.0, 0.95, 40.0, 16.0)), ("b:1", calm(0.4)), ("c:1", calm(0.4))],
+                &mut prev,
+            );
+        }
+        let r = ratios(&mut p, &[("a:1", calm(0.4)), ("b:1", calm(0.4)), ("c:1", calm(0.4))], &mut prev);
+        let share = f64::from(r[0]) / f64::from(r[1]);
+        assert!(share > 0.8, "no jump to 1.6x the service time: {r:?}");
+    }
+
+    #[test]
+    fn the_trim_moves_per_second_of_readings_not_per_reading() {
+        // `a` is at 90% utilization, the others at 30% (traffic this LB does not see). Fifteen
+        // direct scrapes a second apart must move the trim about as far as one Prometheus reading
+        // 15 s apart; counted per reading they would move it fifteen times as far.
+        let members = [
+            ("a:1", s(0.0, 90.0, 0.9, 10.0)),
+            ("b:1", s(0.0, 30.0, 0.3, 10.0)),
+            ("c:1", s(0.0, 30.0, 0.3, 10.0)),
+        ];
+        let share_after = |interval: u64, cycles: usize| {
+            let mut p = PoolPolicy::new(
+                &PolicyConfig::Capacity(CapacityParams::default()),
+                RatioRange { min: 1, max: 100 },
+                Duration::from_secs(60),
+                Duration::from_secs(30),
+                Duration::from_secs(interval),
+            );
+            let mut prev = Default::default();
+            let mut r = vec![];
+            for _ in 0..cycles {
+                r = ratios(&mut p, &members, &mut prev);
+            }
+            f64::from(r[0]) / f64::from(r[1])
+        };
+        // Same memory per request, so without a trim the shares are equal.
+        let prometheus = share_after(15, 1);
+        let direct = share_after(1, 15);
+        assert!((0.75..0.9).contains(&prometheus), "one 15 s reading: {prometheus}");
+        assert!((0.75..0.95).contains(&direct), "fifteen 1 s readings: {direct} (one 15 s: {prometheus})");
     }
 
     #[test]

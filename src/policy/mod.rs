@@ -234,7 +234,14 @@ pub(crate) mod testutil {
     use super::*;
 
     pub fn sample(waiting: f64, running: f64, kv: f64) -> Sample {
-        Sample { waiting, running, kv_usage: Some(kv), latency: None, age: Duration::from_secs(1) }
+        Sample {
+            waiting,
+            running,
+            kv_usage: Some(kv),
+            latency: None,
+            service: None,
+            age: Duration::from_secs(1),
+        }
     }
 
     pub fn snap(members: &[(&str, Option<Sample>)]) -> Snapshot {

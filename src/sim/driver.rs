@@ -86,7 +86,8 @@ struct Track {
     arrived: Instant,
     last_token: Option<Instant>,
     adapter: Option<String>,
-    scheduled: bool,
+    /// When the engine first scheduled it: the start of its time in the running batch.
+    scheduled: Option<Instant>,
 }
 
 struct Driver {
@@ -166,7 +167,7 @@ impl Driver {
                             arrived: s.arrived,
                             last_token: None,
                             adapter: s.adapter,
-                            scheduled: false,
+                            scheduled: None,
                         };
                         self.reqs.insert(id, t);
                     }
@@ -220,7 +221,9 @@ impl Driver {
             match events[k] {
                 EngineEvent::Scheduled { id } => {
                     if let Some(t) = self.reqs.get_mut(&id) {
-                        t.scheduled = true;
+                        // A preempted request is scheduled again; its running time starts at the first.
+                        // The step may have been timed before a request that joined it arrived.
+                        t.scheduled.get_or_insert(start.max(t.arrived));
                         let q = start.saturating_duration_since(t.arrived).as_secs_f64() * self.time_scale;
                         obs.requests.queue.observe(q);
                     }
@@ -250,6 +253,11 @@ impl Driver {
                         let _ = t.tx.send(Out::Token { finish });
                         if let Some((_, reason)) = finish {
                             obs.requests.e2e.observe(since_arrival);
+                            if let Some(at) = t.scheduled {
+                                obs.requests.inference.observe(
+                                    end.saturating_duration_since(at).as_secs_f64() * self.time_scale,
+                                );
+                            }
                             obs.requests.finished(reason);
                             done = true;
                         }
@@ -297,7 +305,7 @@ fn fill_lora(lora: &mut LoraInfo, reqs: &HashMap<u64, Track>) {
     let mut waiting: BTreeMap<&str, ()> = BTreeMap::new();
     for t in reqs.values() {
         if let Some(a) = &t.adapter {
-            if t.scheduled {
+            if t.scheduled.is_some() {
                 running.insert(a, ());
             } else {
                 waiting.insert(a, ());

@@ -29,7 +29,8 @@ pub const TTFT_BUCKETS: &[f64] = &[
 pub const ITL_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 ];
-/// `vllm:e2e_request_latency_seconds` and `vllm:request_queue_time_seconds` buckets.
+/// `vllm:e2e_request_latency_seconds`, `vllm:request_queue_time_seconds` and
+/// `vllm:request_inference_time_seconds` buckets.
 pub const REQUEST_LATENCY_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
     960.0, 1920.0, 7680.0,
@@ -101,6 +102,8 @@ pub struct RequestMetrics {
     pub itl: Histogram,
     pub e2e: Histogram,
     pub queue: Histogram,
+    /// Time in the running batch, from first scheduled to the last token (queue excluded).
+    pub inference: Histogram,
     /// Finished requests by reason: length, stop, abort.
     pub success: [u64; 3],
 }
@@ -112,6 +115,7 @@ impl Default for RequestMetrics {
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(REQUEST_LATENCY_BUCKETS),
             queue: Histogram::new(REQUEST_LATENCY_BUCKETS),
+            inference: Histogram::new(REQUEST_LATENCY_BUCKETS),
             success: [0; 3],
         }
     }
@@ -261,6 +265,12 @@ fn render_vllm(w: &mut Writer, v: &MetricsView<'_>, legacy: bool) {
         "Histogram of time spent in WAITING phase for request.",
         &base,
         &r.queue,
+    );
+    w.histogram(
+        "vllm:request_inference_time_seconds",
+        "Histogram of time spent in RUNNING phase for request.",
+        &base,
+        &r.inference,
     );
 
     if let Some(l) = v.lora {

@@ -36,6 +36,9 @@ pub struct Sample {
     pub kv_usage: Option<f64>,
     /// Mean end-to-end processing time in seconds over the rate window, where known.
     pub latency: Option<f64>,
+    /// Mean time requests spent running (first scheduled to last token, no queueing) over the
+    /// rate window, where the server reports it (vLLM's `vllm:request_inference_time_seconds`).
+    pub service: Option<f64>,
     /// How old the data is: from the Prometheus sample timestamp, or the scrape time.
     pub age: Duration,
 }
@@ -241,7 +244,8 @@ pub fn assemble(
             match reason {
                 Some(reason) => {
                     snap.rejected.push(Rejected { member: m.clone(), signal, reason, value: v });
-                    if signal != Signal::Latency {
+                    // Timings are optional: a bad one is dropped, the gauges still count.
+                    if !matches!(signal, Signal::Latency | Signal::Service) {
                         bad = true;
                     }
                     None
@@ -253,6 +257,7 @@ pub fn assemble(
         let running = check(Signal::Running, get(Signal::Running), &mut snap);
         let kv_usage = check(Signal::KvUsage, get(Signal::KvUsage), &mut snap);
         let latency = check(Signal::Latency, get(Signal::Latency), &mut snap);
+        let service = check(Signal::Service, get(Signal::Service), &mut snap);
         // A member with any core signal refused gets no sample at all: a half-valid sample would
         // look less loaded than it is.
         let sample = match (waiting, running, bad) {
@@ -261,6 +266,7 @@ pub fn assemble(
                 running,
                 kv_usage: kv_usage.map(|k| k.min(1.0)),
                 latency,
+                service,
                 age: age_of(m, get(Signal::Timestamp)),
             }),
             _ => None,

@@ -3,7 +3,9 @@
 //!
 //! Aggregation per server follows what the numbers mean: queue lengths and running requests add up
 //! over vLLM's data-parallel `engine` series; KV usage is averaged (each engine has its own cache);
-//! mean processing time is rate(sum)/rate(count) of the end-to-end latency histogram.
+//! mean processing time is rate(sum)/rate(count) of the end-to-end latency histogram, and mean
+//! service time the same of the time-in-the-running-batch histogram (vLLM's
+//! `vllm:request_inference_time_seconds`), which carries no queueing.
 
 use std::time::Duration;
 
@@ -35,6 +37,8 @@ pub struct MetricOverrides {
     pub kv_usage: Option<String>,
     /// Base name of a latency histogram (without `_sum`/`_count`).
     pub latency_histogram: Option<String>,
+    /// Base name of a histogram of the time requests spend running, queue excluded.
+    pub service_histogram: Option<String>,
 }
 
 /// Raw PromQL per signal, replacing the generated query. Each must return one series per member,
@@ -47,11 +51,17 @@ pub struct QueryOverrides {
     pub kv_usage: Option<String>,
     /// Mean processing time in seconds.
     pub latency: Option<String>,
+    /// Mean service time in seconds: time running, queue excluded.
+    pub service: Option<String>,
 }
 
 impl QueryOverrides {
     pub fn is_empty(&self) -> bool {
-        self.waiting.is_none() && self.running.is_none() && self.kv_usage.is_none() && self.latency.is_none()
+        self.waiting.is_none()
+            && self.running.is_none()
+            && self.kv_usage.is_none()
+            && self.latency.is_none()
+            && self.service.is_none()
     }
 }
 
@@ -62,6 +72,7 @@ pub struct MetricNames {
     pub running: Vec<String>,
     pub kv_usage: Vec<String>,
     pub latency_histogram: Vec<String>,
+    pub service_histogram: Vec<String>,
 }
 
 fn names(list: &[&str]) -> Vec<String> {
@@ -106,11 +117,17 @@ impl ProfileName {
             }
             ProfileName::Custom => (&[], &[], &[], &[]),
         };
+        // Time in the running batch (first scheduled to last token): vLLM's (0.6 and later) only.
+        let service: &[&str] = match self {
+            ProfileName::Vllm | ProfileName::VllmLegacy => &["vllm:request_inference_time_seconds"],
+            _ => &[],
+        };
         MetricNames {
             waiting: names(w),
             running: names(r),
             kv_usage: names(kv),
             latency_histogram: names(lat),
+            service_histogram: names(service),
         }
     }
 
@@ -126,6 +143,7 @@ impl ProfileName {
         set(&mut n.running, &o.running);
         set(&mut n.kv_usage, &o.kv_usage);
         set(&mut n.latency_histogram, &o.latency_histogram);
+        set(&mut n.service_histogram, &o.service_histogram);
         n
     }
 }
@@ -136,7 +154,10 @@ pub enum Signal {
     Waiting,
     Running,
     KvUsage,
+    /// Mean end-to-end processing time (queueing included).
     Latency,
+    /// Mean time requests spend running (queueing excluded).
+    Service,
     /// Unix time of the newest raw sample behind `Waiting`: gives the sample's age.
     Timestamp,
 }
@@ -145,7 +166,7 @@ const _: () = assert!(Signal::Timestamp as usize + 1 == Signal::COUNT, "Signal::
 
 impl Signal {
     /// How many signals there are (for arrays indexed by `signal as usize`).
-    pub const COUNT: usize = 5;
+    pub const COUNT: usize = 6;
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -153,6 +174,7 @@ impl Signal {
             Signal::Running => "running",
             Signal::KvUsage => "kv_usage",
             Signal::Latency => "latency",
+            Signal::Service => "service",
             Signal::Timestamp => "timestamp",
         }
     }
@@ -185,12 +207,12 @@ pub fn promql(
     if let Some(q) = overrides.kv_usage.clone().or_else(|| either("avg", &names.kv_usage)) {
         out.push((Signal::KvUsage, q));
     }
-    let latency = overrides.latency.clone().or_else(|| {
-        let parts: Vec<String> = names
-            .latency_histogram
+    // Mean of a histogram over the window; `> 0` drops servers that finished nothing in it, instead
+    // of dividing by zero.
+    let mean_of = |histograms: &[String]| -> Option<String> {
+        let parts: Vec<String> = histograms
             .iter()
             .map(|h| {
-                // `> 0` drops servers that finished nothing in the window, instead of dividing by zero.
                 format!(
                     "sum by ({join_label}) (rate({}[{window}])) / (sum by ({join_label}) (rate({}[{window}])) > 0)",
                     sel(&format!("{h}_sum")),
@@ -199,9 +221,12 @@ pub fn promql(
             })
             .collect();
         (!parts.is_empty()).then(|| parts.join(" or "))
-    });
-    if let Some(q) = latency {
+    };
+    if let Some(q) = overrides.latency.clone().or_else(|| mean_of(&names.latency_histogram)) {
         out.push((Signal::Latency, q));
+    }
+    if let Some(q) = overrides.service.clone().or_else(|| mean_of(&names.service_histogram)) {
+        out.push((Signal::Service, q));
     }
     // The sample age comes from the raw series' own timestamp; an overridden query has no raw series
     // we can name, and its age is then the evaluation time (zero).
@@ -276,6 +301,11 @@ mod tests {
         );
         assert!(get(Signal::Latency).contains("rate(vllm:e2e_request_latency_seconds_sum{job=\"vllm\"}[1m])"));
         assert_eq!(
+            get(Signal::Service),
+            "sum by (instance) (rate(vllm:request_inference_time_seconds_sum{job=\"vllm\"}[1m])) / \
+             (sum by (instance) (rate(vllm:request_inference_time_seconds_count{job=\"vllm\"}[1m])) > 0)"
+        );
+        assert_eq!(
             get(Signal::Timestamp),
             "max by (instance) (timestamp(vllm:num_requests_waiting{job=\"vllm\"}))"
         );
@@ -310,6 +340,6 @@ mod tests {
         );
         assert!(q.contains(&(Signal::Waiting, "sum by (instance) (my_queue)".to_string())));
         assert!(q.contains(&(Signal::KvUsage, "my_kv_query".to_string())));
-        assert!(q.iter().all(|(s, _)| *s != Signal::Latency));
+        assert!(q.iter().all(|(s, _)| *s != Signal::Latency && *s != Signal::Service));
     }
 }

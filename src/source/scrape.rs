@@ -2,8 +2,9 @@
 //!
 //! Fresher than Prometheus (no scrape interval in between) at the cost of one request per member per
 //! cycle. Queue and running counts are summed over vLLM's per-`engine` series, KV usage averaged.
-//! Mean processing time needs two scrapes: it is the growth of the latency histogram's sum over the
-//! growth of its count since the previous cycle, so the source keeps the last totals per member.
+//! Mean processing and service times need two scrapes: each is the growth of its histogram's sum
+//! over the growth of its count since the previous cycle, so the source keeps the last totals per
+//! member and histogram.
 //!
 //! Each body is read as a stream and scanned chunk by chunk as it arrives ([`super::exposition`]),
 //! only for the names the member's pools need, and refused past `max_body_bytes`: one member serving
@@ -33,7 +34,7 @@ pub struct ScrapeSource {
     concurrency: usize,
     max_body_bytes: usize,
     token: Option<SecretRef>,
-    /// Last (sum, count) of each member's latency histogram, for the rate between cycles.
+    /// Last (sum, count) of each member's timing histograms, for the rate between cycles.
     last_latency: Mutex<HashMap<(MemberId, String), (f64, f64)>>,
 }
 
@@ -45,7 +46,7 @@ pub fn wanted(names: &MetricNames, into: &mut Wanted) {
     for n in names.waiting.iter().chain(&names.running).chain(&names.kv_usage) {
         into.add(n);
     }
-    for h in &names.latency_histogram {
+    for h in names.latency_histogram.iter().chain(&names.service_histogram) {
         into.add(&format!("{h}_sum"));
         into.add(&format!("{h}_count"));
     }
@@ -221,17 +222,22 @@ fn pool_snapshot(
                 detail: format!("the metrics page has none of {missing:?}; is the pool's `profile` right?"),
             });
         }
-        let hist = pool.names.latency_histogram.iter().find_map(|h| {
-            let sum = reading.get(&format!("{h}_sum"))?;
-            let count = reading.get(&format!("{h}_count"))?;
-            Some((h.clone(), sum.sum, count.sum))
-        });
-        if let Some((hist, sum, count)) = hist {
-            if let Some((s0, c0)) = last.insert((m.clone(), hist), (sum, count)) {
-                let dc = count - c0;
-                // A counter that went down means the server restarted: no rate this time.
-                if dc > 0.0 && sum >= s0 {
-                    put(Signal::Latency, Some((sum - s0) / dc));
+        for (signal, names) in [
+            (Signal::Latency, &pool.names.latency_histogram),
+            (Signal::Service, &pool.names.service_histogram),
+        ] {
+            let hist = names.iter().find_map(|h| {
+                let sum = reading.get(&format!("{h}_sum"))?;
+                let count = reading.get(&format!("{h}_count"))?;
+                Some((h.clone(), sum.sum, count.sum))
+            });
+            if let Some((hist, sum, count)) = hist {
+                if let Some((s0, c0)) = last.insert((m.clone(), hist), (sum, count)) {
+                    let dc = count - c0;
+                    // A counter that went down means the server restarted: no rate this time.
+                    if dc > 0.0 && sum >= s0 {
+                        put(signal, Some((sum - s0) / dc));
+                    }
                 }
             }
         }
@@ -266,6 +272,10 @@ vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0",model_name="m"} 2.0
 vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 4.0
 vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 8.0
 vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 4.0
+# TYPE vllm:request_inference_time_seconds histogram
+vllm:request_inference_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 4.0
+vllm:request_inference_time_seconds_sum{engine="0",model_name="m"} 3.0
+vllm:request_inference_time_seconds_count{engine="0",model_name="m"} 4.0
 "#;
 
     fn names() -> MetricNames {
@@ -294,6 +304,14 @@ vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 4.0
         let later = reading(
             &VLLM_TEXT
                 .replace(
+                    "inference_time_seconds_sum{engine=\"0\",model_name=\"m\"} 3.0",
+                    "inference_time_seconds_sum{engine=\"0\",model_name=\"m\"} 7.0",
+                )
+                .replace(
+                    "inference_time_seconds_count{engine=\"0\",model_name=\"m\"} 4.0",
+                    "inference_time_seconds_count{engine=\"0\",model_name=\"m\"} 8.0",
+                )
+                .replace(
                     "_sum{engine=\"0\",model_name=\"m\"} 8.0",
                     "_sum{engine=\"0\",model_name=\"m\"} 20.0",
                 )
@@ -315,7 +333,9 @@ vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 4.0
         let second: HashMap<&MemberId, Result<(Reading, Instant), Failure>> =
             [(&m, Ok((later, Instant::now())))].into_iter().collect();
         let snap = pool_snapshot(&p, &second, &mut last).expect("snapshot");
-        assert_eq!(snap.members[&m].as_ref().expect("sample").latency, Some(3.0), "(20-8)/(8-4)");
+        let s = snap.members[&m].as_ref().expect("sample");
+        assert_eq!(s.latency, Some(3.0), "(20-8)/(8-4)");
+        assert_eq!(s.service, Some(1.0), "time running, its own histogram: (7-3)/(8-4)");
         assert!(snap.failures.is_empty());
     }
 

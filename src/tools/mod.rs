@@ -183,6 +183,7 @@ impl BenchControl {
                         running: o.running,
                         kv_usage: Some(o.kv_usage),
                         latency: o.latency_s,
+                        service: o.service_s,
                         age: Duration::from_secs_f64(o.age_s.max(0.0)),
                     });
                     (m.clone(), sample)
