@@ -564,6 +564,7 @@ impl PoolRuntime {
                 running: s.map(|s| s.running),
                 kv_usage: s.and_then(|s| s.kv_usage),
                 latency_s: s.and_then(|s| s.latency),
+                service_s: s.and_then(|s| s.service),
                 age_s: s.map(|s| s.age.as_secs_f64()),
                 tier: self.cycle.tier_of(member).map(str::to_string),
             }

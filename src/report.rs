@@ -50,6 +50,9 @@ pub struct MemberReport {
     pub kv_usage: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_s: Option<f64>,
+    /// Mean time requests ran, queue excluded (vLLM's `vllm:request_inference_time_seconds`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub age_s: Option<f64>,
     /// Priority pooling: the member's tier.

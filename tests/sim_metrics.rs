@@ -244,3 +244,29 @@ async fn real_prometheus_parses_every_style() {
         .unwrap();
     assert_eq!(gen, 6.0, "vllm and vllm-legacy replicas produced 3 tokens each");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_scrape_source_reads_the_time_running_beside_the_end_to_end_time() {
+    // tiny runs 8 sequences at most: 12 requests at once leave 4 queued behind the first 8, so
+    // the mean end-to-end time carries a wait that the time running does not.
+    let f = fleet(ModelProfile::tiny(), &[1.0], |_| {}).await;
+    let cfg: ScrapeConfig = serde_json::from_value(json!({})).expect("scrape defaults");
+    let src = ScrapeSource::new("sim", &cfg).expect("scrape source");
+    let p = pool(&f.addrs(), ProfileName::Vllm);
+    let member = MemberId::new(f.addrs()[0].to_string());
+    let read = || async {
+        let snap = src.sample(&[&p]).await.remove(0).expect("scrape succeeds");
+        snap.members.get(&member).cloned().flatten().expect("sample")
+    };
+    let before = read().await;
+    assert_eq!((before.latency, before.service), (None, None), "timings need two scrapes");
+    let url = format!("{}/v1/completions", f.urls()[0]);
+    let answers = futures::future::join_all(
+        (0..12).map(|_| client().post(&url).json(&json!({"prompt": prompt_of(50), "max_tokens": 60})).send()),
+    )
+    .await;
+    assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|r| r.status() == 200)));
+    let after = read().await;
+    let (e2e, running) = (after.latency.expect("e2e time"), after.service.expect("time running"));
+    assert!(running > 0.0 && running < e2e, "time running {running} s, end to end {e2e} s");
+}

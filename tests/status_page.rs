@@ -206,6 +206,7 @@ async fn before_the_first_cycle_the_page_says_so_without_errors_then_shows_the_c
                     running: Some(9.0),
                     kv_usage: Some(0.5),
                     latency_s: Some(0.02),
+                    service_s: Some(0.015),
                     age_s: Some(1.5),
                     tier: None,
                 },
