@@ -87,8 +87,8 @@ pub struct PoolConfig {
     pub reset_after: Duration,
     #[serde(default)]
     pub sink: SinkConfig,
-    /// Which ratio moves are worth a write (default by sink: F5 20% or once a minute, others every
-    /// change). See `crate::cycle::change`.
+    /// Which ratio moves are worth a write (default by sink: F5 20% or once a minute, 10% when the
+    /// `capacity` policy feeds weighted round robin; others every change). See `crate::cycle::change`.
     #[serde(default)]
     pub change: Option<crate::cycle::change::ChangePolicy>,
     /// Priority pooling: tiers of members, the next one used only when the active ones saturate
@@ -103,7 +103,8 @@ pub struct PoolConfig {
 
 impl PoolConfig {
     pub fn change_policy(&self) -> crate::cycle::change::ChangePolicy {
-        self.change.unwrap_or_else(|| crate::cycle::change::ChangePolicy::default_for(&self.sink))
+        self.change
+            .unwrap_or_else(|| crate::cycle::change::ChangePolicy::default_for(&self.sink, &self.policy))
     }
 }
 
@@ -503,6 +504,23 @@ pools:
         assert_eq!(c.pools[0].ratio, RatioRange { min: 1, max: 100 });
         assert_eq!(c.pools[0].join.label, "instance");
         assert!(matches!(c.pools[0].sink, SinkConfig::DryRun));
+    }
+
+    #[test]
+    fn the_default_change_policy_follows_the_sink_and_how_the_ratios_are_used() {
+        use crate::cycle::change::ChangePolicy;
+        let pool = |extra: &str| {
+            let text = format!("{MINIMAL}{extra}");
+            parse_str(&text).expect("valid").pools[0].change_policy()
+        };
+        let f5 = "    sink: { kind: f5, url: 'https://bigip.example.com', pool: /Common/p, username: u, password: { value: x } }\n";
+        assert_eq!(pool(""), ChangePolicy::EVERY_CHANGE);
+        assert_eq!(pool(f5), ChangePolicy::CONFIGURATION);
+        let rr = format!("{f5}    policy: {{ kind: capacity, mode: round-robin }}\n");
+        assert_eq!(pool(&rr), ChangePolicy::CONFIGURATION_ROUND_ROBIN);
+        assert!(ChangePolicy::CONFIGURATION_ROUND_ROBIN.min_change < ChangePolicy::CONFIGURATION.min_change);
+        let explicit = format!("{rr}    change: {{ min_change: 0.3, max_hold: 2m }}\n");
+        assert_eq!(pool(&explicit).min_change, 0.3);
     }
 
     #[test]

@@ -152,7 +152,7 @@ impl BenchControl {
         settings.reconciles = true;
         if spec.config_writes {
             // What the controller uses for an F5 sink by default (`ChangePolicy::default_for`).
-            settings.change = ChangePolicy::CONFIGURATION;
+            settings.change = ChangePolicy::for_config_writes(&policy_cfg);
         }
         let tiers = match priority_config(spec)? {
             Some(cfg) => {
