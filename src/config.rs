@@ -518,7 +518,6 @@ pools:
         assert_eq!(pool(f5), ChangePolicy::CONFIGURATION);
         let rr = format!("{f5}    policy: {{ kind: capacity, mode: round-robin }}\n");
         assert_eq!(pool(&rr), ChangePolicy::CONFIGURATION_ROUND_ROBIN);
-        assert!(ChangePolicy::CONFIGURATION_ROUND_ROBIN.min_change < ChangePolicy::CONFIGURATION.min_change);
         let explicit = format!("{rr}    change: {{ min_change: 0.3, max_hold: 2m }}\n");
         assert_eq!(pool(&explicit).min_change, 0.3);
     }
