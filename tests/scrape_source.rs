@@ -331,3 +331,38 @@ fn ordinary_page_is_15_to_30_kb_and_reads() {
     assert_eq!(r.get("vllm:e2e_request_latency_seconds_sum").map(|t| t.sum), Some(523.25));
     assert_eq!(r.get("vllm:kv_cache_usage_perc").map(|t| t.mean()), Some(0.42));
 }
+
+fn timed_page(count: f64, e2e_sum: f64, run_sum: f64) -> String {
+    format!(
+        "{}vllm:e2e_request_latency_seconds_sum {e2e_sum}\nvllm:e2e_request_latency_seconds_count {count}\n\
+         vllm:request_inference_time_seconds_sum {run_sum}\nvllm:request_inference_time_seconds_count {count}\n",
+        vllm_text(2.0, 8.0, 0.5)
+    )
+}
+
+/// A member in two pools is fetched once per cycle, and both pools get the same window's means: the
+/// counters' baseline moves once per sample, not once per pool (the second pool used to see a
+/// zero-length window and no timings at all). A member that left starts afresh when it returns.
+#[tokio::test]
+async fn a_member_in_two_pools_gets_its_timings_in_both_and_a_returning_one_starts_afresh() {
+    let t = MetricsTarget::start(&timed_page(10.0, 20.0, 10.0)).await;
+    let (a, b) = (pool(&[t.member()]), pool(&[t.member()]));
+    let src = source("{}");
+    src.sample(&[&a, &b]).await;
+    // 10 more requests: 3 s end to end and 1.5 s running each.
+    t.set(&timed_page(20.0, 50.0, 25.0));
+    let snaps = src.sample(&[&a, &b]).await;
+    let id = MemberId::from(t.member().as_str());
+    for (i, snap) in snaps.into_iter().enumerate() {
+        let snap = snap.expect("sampled");
+        let s = snap.members[&id].as_ref().expect("read");
+        assert_eq!((s.latency, s.service), (Some(3.0), Some(1.5)), "pool {i}");
+    }
+    // The member leaves every pool and comes back: its first reading starts a new window instead of
+    // averaging over its whole absence.
+    src.sample(&[&pool(&[])]).await;
+    t.set(&timed_page(30.0, 100.0, 30.0));
+    let snap = src.sample(&[&a]).await.remove(0).expect("sampled");
+    let s = snap.members[&id].as_ref().expect("read");
+    assert_eq!((s.latency, s.service), (None, None), "a new window after coming back");
+}

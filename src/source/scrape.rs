@@ -171,7 +171,13 @@ impl ScrapeSource {
             }
         }
         let mut last = self.last_latency.lock().unwrap_or_else(|p| p.into_inner());
-        pools.iter().map(|pool| pool_snapshot(pool, &fetched, &mut last)).collect()
+        // Members that left take their counters with them: a member that comes back starts a new
+        // window instead of one mean over its whole absence, and pod churn does not grow the map.
+        last.retain(|(m, _), _| fetched.contains_key(m));
+        // One mean per member and histogram per sample, shared by every pool the member is in: the
+        // counters' baseline moves once, so a second pool does not see a zero-length window.
+        let mut means = HashMap::new();
+        pools.iter().map(|pool| pool_snapshot(pool, &fetched, &mut last, &mut means)).collect()
     }
 }
 
@@ -179,6 +185,7 @@ fn pool_snapshot(
     pool: &PoolQuery,
     fetched: &HashMap<&MemberId, Result<(Reading, Instant), Failure>>,
     last: &mut HashMap<(MemberId, String), (f64, f64)>,
+    means: &mut HashMap<(MemberId, String), Option<f64>>,
 ) -> Result<Snapshot, SourceError> {
     // Only when no member of the pool answered is the source "down" for it; single failures are
     // members without data, listed in `failures`.
@@ -232,13 +239,14 @@ fn pool_snapshot(
                 Some((h.clone(), sum.sum, count.sum))
             });
             if let Some((hist, sum, count)) = hist {
-                if let Some((s0, c0)) = last.insert((m.clone(), hist), (sum, count)) {
+                let key = (m.clone(), hist);
+                let mean = *means.entry(key.clone()).or_insert_with(|| {
+                    let (s0, c0) = last.insert(key, (sum, count))?;
                     let dc = count - c0;
                     // A counter that went down means the server restarted: no rate this time.
-                    if dc > 0.0 && sum >= s0 {
-                        put(signal, Some((sum - s0) / dc));
-                    }
-                }
+                    (dc > 0.0 && sum >= s0).then(|| (sum - s0) / dc)
+                });
+                put(signal, mean);
             }
         }
     }
