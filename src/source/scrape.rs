@@ -333,14 +333,14 @@ vllm:request_inference_time_seconds_count{engine="0",model_name="m"} 4.0
         let mut last = HashMap::new();
         let first: HashMap<&MemberId, Result<(Reading, Instant), Failure>> =
             [(&m, Ok((page, Instant::now())))].into_iter().collect();
-        let snap = pool_snapshot(&p, &first, &mut last).expect("snapshot");
+        let snap = pool_snapshot(&p, &first, &mut last, &mut HashMap::new()).expect("snapshot");
         let s = snap.members[&m].as_ref().expect("sample");
         assert_eq!((s.waiting, s.running), (5.0, 16.0));
         assert!((s.kv_usage.expect("kv") - 0.6).abs() < 1e-9);
         assert_eq!(s.latency, None, "needs two scrapes");
         let second: HashMap<&MemberId, Result<(Reading, Instant), Failure>> =
             [(&m, Ok((later, Instant::now())))].into_iter().collect();
-        let snap = pool_snapshot(&p, &second, &mut last).expect("snapshot");
+        let snap = pool_snapshot(&p, &second, &mut last, &mut HashMap::new()).expect("snapshot");
         let s = snap.members[&m].as_ref().expect("sample");
         assert_eq!(s.latency, Some(3.0), "(20-8)/(8-4)");
         assert_eq!(s.service, Some(1.0), "time running, its own histogram: (7-3)/(8-4)");
@@ -365,7 +365,8 @@ vllm:request_inference_time_seconds_count{engine="0",model_name="m"} 4.0
         ]
         .into_iter()
         .collect();
-        let snap = pool_snapshot(&p, &fetched, &mut HashMap::new()).expect("one member answered");
+        let snap = pool_snapshot(&p, &fetched, &mut HashMap::new(), &mut HashMap::new())
+            .expect("one member answered");
         assert!(snap.members[&a].is_some());
         assert!(snap.members[&b].is_none() && snap.members[&c].is_none());
         let got: Vec<_> = snap.failures.iter().map(|f| (f.member.as_str(), f.reason.as_str())).collect();
