@@ -150,6 +150,9 @@ struct Member {
     k: Option<f64>,
     /// Service time, seconds.
     s: Option<f64>,
+    /// `s` has been learnt from the time running: end-to-end latency (which carries the queue's
+    /// waits) no longer moves it, even in a cycle where the time running is missing.
+    s_running: bool,
     trim: f64,
     last: Option<u32>,
     /// Age of the sample seen last cycle (see [`Capacity::is_new`]).
@@ -235,7 +238,8 @@ impl Capacity {
             // factor already keeps new requests off it).
             let slowdown = queued && usage < MEMORY_BOUND && m.s.is_some_and(|o| t > SLOWDOWN * o);
             m.s = Some(blend(m.s, t, slowdown));
-        } else if let Some(l) = s.latency.filter(valid) {
+            m.s_running = true;
+        } else if let Some(l) = s.latency.filter(valid).filter(|_| !m.s_running) {
             if !queued {
                 m.s = Some(blend(m.s, l, false));
             } else if m.s.is_none_or(|o| l > SLOWDOWN * o) {
@@ -466,6 +470,25 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(ratios(&mut p, &phases[2], &mut prev), last, "and it holds");
         }
+    }
+
+    #[test]
+    fn a_missing_time_running_does_not_let_the_queue_into_the_service_time() {
+        // `a` queues; its time running is unchanged, but one cycle it is missing (an optional
+        // query failed, the series is late) and only the end-to-end latency, 4x longer because of
+        // the queue's waits, arrives. That is not a slowdown: `a` keeps its share.
+        let mut p = policy(Mode::RoundRobin);
+        let mut prev = Default::default();
+        let calm = || timed(0.0, 0.4, 10.0, 10.0);
+        for _ in 0..3 {
+            ratios(&mut p, &[("a:1", calm()), ("b:1", calm()), ("c:1", calm())], &mut prev);
+        }
+        let queued = || timed(3.0, 0.6, 40.0, 10.0);
+        let without_running = queued().map(|x| Sample { service: None, ..x });
+        let r0 = ratios(&mut p, &[("a:1", queued()), ("b:1", calm()), ("c:1", calm())], &mut prev);
+        ratios(&mut p, &[("a:1", without_running), ("b:1", calm()), ("c:1", calm())], &mut prev);
+        let r = ratios(&mut p, &[("a:1", queued()), ("b:1", calm()), ("c:1", calm())], &mut prev);
+        assert!(f64::from(r[0]) >= 0.9 * f64::from(r0[0]), "before {r0:?}, after {r:?}");
     }
 
     #[test]
