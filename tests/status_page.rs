@@ -229,6 +229,8 @@ async fn before_the_first_cycle_the_page_says_so_without_errors_then_shows_the_c
         [("10.0.0.1:8000", "50 → 40"), ("10.0.0.2:8000", "50")]
     );
     assert!(dom.contains("no data"), "a member without a sample says so");
+    assert!(dom.contains(r#"<td class="service">15 ms</td>"#), "the time running is shown");
+    assert!(dom.contains(r#"<td class="service">-</td>"#), "and a dash where there is none");
     assert!(dom.contains("saturation 25%"));
     server.abort();
 }

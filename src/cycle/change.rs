@@ -43,7 +43,8 @@ impl ChangePolicy {
 
     /// BIG-IP `ratio-member` (weighted round robin): nothing corrects a held weight, every error
     /// becomes a queue, so moves of 10% are written. On seeds 1-3 of the benchmark's goals grid this
-    /// cut the p99 TTFT of memory-bound fleets by a third to a half for about 25% more writes.
+    /// cut `ratio`'s p99 TTFT by 15-45% at 5 of 13 points (memory-bound fleets), cost 8-17% at 2,
+    /// for about 25% more writes (src/bench/RESULTS.md).
     pub const CONFIGURATION_ROUND_ROBIN: ChangePolicy =
         ChangePolicy { min_change: 0.1, max_hold: Duration::from_secs(60) };
 
