@@ -142,6 +142,9 @@ const SLOWDOWN: f64 = 1.5;
 const TRIM_PERIOD: std::time::Duration = std::time::Duration::from_secs(15);
 /// KV usage from which a server is memory-bound: it preempts requests and recomputes them.
 const MEMORY_BOUND: f64 = 0.9;
+/// How long after a server was memory-bound its times may still carry preemptions: the times are
+/// means over a window (Prometheus `rate(...[1m])`), the KV usage is of this instant.
+const MEMORY_BOUND_ECHO: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the policy remembers of one member.
 #[derive(Debug, Clone, Copy, Default)]
@@ -161,6 +164,8 @@ struct Member {
     unread: std::time::Duration,
     /// How much this cycle's reading moves the trim: 0 for one seen before.
     trim_weight: f64,
+    /// Time since the member was last seen memory-bound; `None`: not seen so.
+    since_full: Option<std::time::Duration>,
 }
 
 impl Member {
@@ -225,6 +230,11 @@ impl Capacity {
         // Memory per request is a hardware constant times the workload's mix: smoothed only (the
         // mix on one server at one instant is noisy, and memory does not change suddenly).
         let usage = self.usage(s);
+        m.since_full = if usage >= MEMORY_BOUND {
+            Some(Default::default())
+        } else {
+            m.since_full.map(|d| d + self.interval)
+        };
         if s.running >= MIN_RUNNING && usage >= MIN_USAGE {
             let k = (s.running / usage).min(p.max_num_seqs);
             m.k = Some(blend(m.k, k, false).max(1.0));
@@ -233,10 +243,12 @@ impl Capacity {
         if let Some(t) = s.service.filter(valid) {
             // Time running carries no queueing: usable whether the server queues or not. A much
             // longer reading on a queued server is a slowdown: believed at once (feed-forward).
-            // Not on a server whose memory is full: it preempts and recomputes, so its requests run
-            // longer because of the load, not because it lost speed (and it queues, so the delay
-            // factor already keeps new requests off it).
-            let slowdown = queued && usage < MEMORY_BOUND && m.s.is_some_and(|o| t > SLOWDOWN * o);
+            // Not on a server whose memory is full, or was within the times' window: it preempts
+            // and recomputes, so its requests run longer because of the load, not because it lost
+            // speed (and it queues, so the delay factor already keeps new requests off it).
+            let full = usage >= MEMORY_BOUND
+                || (!self.interval.is_zero() && m.since_full.is_some_and(|d| d < MEMORY_BOUND_ECHO));
+            let slowdown = queued && !full && m.s.is_some_and(|o| t > SLOWDOWN * o);
             m.s = Some(blend(m.s, t, slowdown));
             m.s_running = true;
         } else if let Some(l) = s.latency.filter(valid).filter(|_| !m.s_running) {
@@ -512,6 +524,34 @@ mod tests {
         let r = ratios(&mut p, &[("a:1", calm(0.4)), ("b:1", calm(0.4)), ("c:1", calm(0.4))], &mut prev);
         let share = f64::from(r[0]) / f64::from(r[1]);
         assert!(share > 0.8, "no jump to 1.6x the service time: {r:?}");
+    }
+
+    #[test]
+    fn a_server_just_out_of_memory_pressure_is_not_taken_for_slowed_down() {
+        // `a` was full and preempting; its KV usage has just dropped to 80% but the times of the
+        // last minute still carry the recomputes (1.6x) while it works off a queue. Not a slowdown
+        // for the minute after it was full; the same reading a minute later is one.
+        let mut p = policy(Mode::RoundRobin);
+        let mut prev = Default::default();
+        let calm = || timed(0.0, 0.4, 10.0, 10.0);
+        for _ in 0..3 {
+            ratios(&mut p, &[("a:1", calm()), ("b:1", calm()), ("c:1", calm())], &mut prev);
+        }
+        ratios(&mut p, &[("a:1", timed(5.0, 0.95, 40.0, 10.0)), ("b:1", calm()), ("c:1", calm())], &mut prev);
+        let share = |r: &[u32]| f64::from(r[0]) / f64::from(r[1]);
+        let slower = || timed(2.0, 0.8, 40.0, 16.0);
+        let r = ratios(&mut p, &[("a:1", slower()), ("b:1", calm()), ("c:1", calm())], &mut prev);
+        assert!(share(&r) > 0.75, "just out of memory pressure: {r:?}");
+        // Twelve 5 s cycles without memory pressure: the echo is over, the slowdown is believed.
+        for _ in 0..12 {
+            ratios(
+                &mut p,
+                &[("a:1", timed(0.0, 0.4, 10.0, 10.0)), ("b:1", calm()), ("c:1", calm())],
+                &mut prev,
+            );
+        }
+        let r = ratios(&mut p, &[("a:1", slower()), ("b:1", calm()), ("c:1", calm())], &mut prev);
+        assert!(share(&r) < 0.7, "a minute later the same reading is a slowdown: {r:?}");
     }
 
     #[test]
