@@ -215,6 +215,7 @@ async fn every_query_runs_on_real_prometheus_against_a_real_controller() {
         "vllm:gpu_cache_usage_perc",
         "vllm:time_to_first_token_seconds_bucket",
         "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:request_inference_time_seconds_bucket",
     ];
     let d = dashboard();
     let (_, console) = console();
