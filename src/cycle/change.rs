@@ -13,10 +13,10 @@
 use std::time::{Duration, Instant};
 
 use llm_lc_adapters::{MemberMap, Ratios, SinkConfig};
+use serde::Deserialize;
 
 use crate::policy::capacity::Mode;
 use crate::policy::PolicyConfig;
-use serde::Deserialize;
 
 /// `change:` of a pool. Defaults depend on the sink: see [`ChangePolicy::default_for`].
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]

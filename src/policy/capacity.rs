@@ -19,9 +19,10 @@
 //!   queued server's time exceeds its estimate by half or more, the estimate jumps at once to it
 //!   (an end-to-end time with the queue's part taken out, by Little's law:
 //!   `latency x running / (running + waiting)`), so a server slowed to a third is at its new share
-//!   as soon as its samples show it. Not on a memory-bound server (KV usage >= 0.9): it preempts
-//!   and recomputes, and vLLM counts a preempted request's wait as running, so its times grow with
-//!   the load, not with lost speed;
+//!   as soon as its samples show it. Not on a memory-bound server (KV usage >= 0.9), nor for a
+//!   minute after it was one (the times are one-minute means): it preempts and recomputes, and
+//!   vLLM counts a preempted request's wait as running, so its times grow with the load, not with
+//!   lost speed;
 //! - **queueing delay** `d = waiting x s / K`: how long a request sent now waits for its first token.
 //!
 //! The ratio is `base x trim x delay factor`:
