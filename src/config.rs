@@ -67,6 +67,10 @@ pub struct PoolConfig {
     /// Extra label matchers added to every generated query, e.g. `namespace="llm",model_name="llama"`.
     #[serde(default)]
     pub selector: Option<String>,
+    /// Requests each member runs at once, where its metrics do not say (see
+    /// [`crate::source::config::SlotsConfig`]): `{default: 4, members: {"10.0.0.7:8080": 1}}`.
+    #[serde(default)]
+    pub slots: crate::source::config::SlotsConfig,
     pub members: MembersConfig,
     #[serde(default)]
     pub join: JoinConfig,
@@ -420,6 +424,9 @@ impl Config {
             }
             for (field, msg) in p.policy.validate() {
                 err(at(&format!("policy.{field}")), &msg);
+            }
+            for (field, msg) in p.slots.validate() {
+                err(at(&format!("slots.{field}")), &msg);
             }
             let (queue_norm, running_norm) = p.policy.norms();
             for (x, f) in [(queue_norm, "queue_norm"), (running_norm, "running_norm")] {

@@ -162,6 +162,7 @@ impl Controller {
                     queries,
                     join,
                     labels,
+                    slots: p.slots.clone(),
                 },
                 cycle: Cycle::new(settings, policy).with_tiers(tiers_of(p)),
                 sink,

@@ -71,7 +71,7 @@ struct RunArgs {
     /// the config's `listen`]. Overrides the config file.
     #[arg(long, env = "LLMLC_LISTEN")]
     listen: Option<SocketAddr>,
-    /// Quick start: server profile (vllm, vllm-legacy, sglang, trtllm, nim, tgi) [default: vllm].
+    /// Quick start: server profile (vllm, vllm-legacy, sglang, trtllm, nim, tgi, llamacpp) [default: vllm].
     #[arg(long, env = "LLMLC_PROFILE")]
     profile: Option<String>,
     /// Compute and print ratios, push nothing, whatever sinks are configured.

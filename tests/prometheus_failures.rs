@@ -26,6 +26,7 @@ fn pool() -> PoolQuery {
         names,
         join: Join::new(&JoinConfig::default()).expect("join"),
         labels: None,
+        slots: Default::default(),
     }
 }
 

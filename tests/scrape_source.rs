@@ -29,6 +29,7 @@ fn pool(members: &[String]) -> PoolQuery {
         queries: vec![],
         join: Join::new(&JoinConfig::default()).expect("join"),
         labels: None,
+        slots: Default::default(),
     }
 }
 

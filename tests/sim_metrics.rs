@@ -62,6 +62,7 @@ fn pool(addrs: &[std::net::SocketAddr], profile: ProfileName) -> PoolQuery {
         queries: Vec::new(),
         join: Join::new(&JoinConfig::default()).expect("default join"),
         labels: None,
+        slots: Default::default(),
     }
 }
 

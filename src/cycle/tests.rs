@@ -23,6 +23,9 @@ fn sample(kv: f64, age_s: u64) -> Sample {
         kv_usage: Some(kv),
         latency: None,
         service: None,
+        token_time: None,
+        prompt_cached: None,
+        slots: None,
         age: Duration::from_secs(age_s),
     }
 }
@@ -372,6 +375,9 @@ fn a_replica_slowed_to_a_third_is_written_within_three_cycles_under_the_f5_chang
             kv_usage: Some(0.4),
             latency: Some(latency),
             service: None,
+            token_time: None,
+            prompt_cached: None,
+            slots: None,
             age: Duration::ZERO,
         })
     };

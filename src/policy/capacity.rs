@@ -399,6 +399,9 @@ mod tests {
             kv_usage: Some(kv),
             latency: Some(latency),
             service: None,
+            token_time: None,
+            prompt_cached: None,
+            slots: None,
             age: Duration::from_secs(1),
         })
     }

@@ -240,6 +240,9 @@ pub(crate) mod testutil {
             kv_usage: Some(kv),
             latency: None,
             service: None,
+            token_time: None,
+            prompt_cached: None,
+            slots: None,
             age: Duration::from_secs(1),
         }
     }

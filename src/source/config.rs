@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use llm_lc_adapters::SecretRef;
+use llm_lc_adapters::{MemberId, SecretRef};
 use serde::Deserialize;
 
 use super::validate as v;
@@ -67,6 +67,47 @@ pub struct ScrapeConfig {
     /// Largest metrics page read; a larger one makes that member unreadable (`too_large`).
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: usize,
+}
+
+/// How many requests each member runs at once (its slots, its batch limit), for servers whose
+/// metrics do not say: llama.cpp read through Prometheus (its `--parallel`; the scrape source reads
+/// `GET /props` and uses these only where that fails), TGI, or any server without a KV gauge.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotsConfig {
+    /// Every member's count, unless listed in `members`.
+    #[serde(default)]
+    pub default: Option<u32>,
+    /// Per member id (`host:port`).
+    #[serde(default)]
+    pub members: BTreeMap<MemberId, u32>,
+}
+
+impl SlotsConfig {
+    /// The count configured for `m`.
+    pub fn of(&self, m: &MemberId) -> Option<f64> {
+        self.members.get(m).copied().or(self.default).map(f64::from)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.default.is_none() && self.members.is_empty()
+    }
+
+    /// Problems as `(field, message)`, relative to `slots`: 0 or an absurd count names the member.
+    pub fn validate(&self) -> Vec<(String, String)> {
+        let bad = |n: u32| n == 0 || f64::from(n) > super::MAX_SLOTS;
+        let msg = format!("must be 1..={} (requests a server runs at once)", super::MAX_SLOTS);
+        let mut e = Vec::new();
+        if self.default.is_some_and(bad) {
+            e.push(("default".to_string(), msg.clone()));
+        }
+        for (m, n) in &self.members {
+            if bad(*n) {
+                e.push((format!("members.{m:?}"), format!("{msg}; member {m} has {n}")));
+            }
+        }
+        e
+    }
 }
 
 /// Sane ranges: beyond them a value is a typo.

@@ -9,6 +9,7 @@ pub mod config;
 pub mod exposition;
 pub mod kubernetes;
 pub mod profile;
+pub mod props;
 pub mod prometheus;
 pub mod scrape;
 pub mod validate;
@@ -39,9 +40,21 @@ pub struct Sample {
     /// Mean time requests spent running (first scheduled to last token, no queueing) over the
     /// rate window, where the server reports it (vLLM's `vllm:request_inference_time_seconds`).
     pub service: Option<f64>,
+    /// Seconds of work (prefill and generation) per generated token over the rate window, where
+    /// the server counts them (llama.cpp): a speed, comparable across servers serving one mix.
+    pub token_time: Option<f64>,
+    /// Share of prompt tokens served from the server's prompt cache over the rate window, 0..=1.
+    pub prompt_cached: Option<f64>,
+    /// Most requests the server runs at once, where known: llama.cpp's slots (`GET /props`), or
+    /// the pool's `slots`.
+    pub slots: Option<f64>,
     /// How old the data is: from the Prometheus sample timestamp, or the scrape time.
     pub age: Duration,
 }
+
+/// Most slots a server can claim: beyond this a slot count is a bug or a lie (llama.cpp allocates
+/// a context per slot; vLLM's own batch limit defaults to 256).
+pub const MAX_SLOTS: f64 = 65_536.0;
 
 /// One pool's members and their samples; `None` means "no data", which policies treat as such.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -186,6 +199,8 @@ pub struct PoolQuery {
     pub join: Join,
     /// PromQL whose series carry the labels priority tiers name, with the labels to keep.
     pub labels: Option<(String, Vec<String>)>,
+    /// Configured slot counts (where the server's own cannot be read).
+    pub slots: config::SlotsConfig,
 }
 
 /// Raw values per signal per member, before validation. Filled in member order where a source reads
@@ -238,14 +253,19 @@ pub fn assemble(
                 Some("negative")
             } else if signal == Signal::KvUsage && v > 1.0 + 1e-9 {
                 Some("kv_above_one")
+            } else if signal == Signal::PromptCached && v > 1.0 + 1e-9 {
+                Some("share_above_one")
+            } else if signal == Signal::Slots && !(1.0..=MAX_SLOTS).contains(&v) {
+                Some("slots_out_of_range")
             } else {
                 None
             };
             match reason {
                 Some(reason) => {
                     snap.rejected.push(Rejected { member: m.clone(), signal, reason, value: v });
-                    // Timings are optional: a bad one is dropped, the gauges still count.
-                    if !matches!(signal, Signal::Latency | Signal::Service) {
+                    // Timings, shares and slot counts are optional: a bad one is dropped, the
+                    // gauges still count.
+                    if matches!(signal, Signal::Waiting | Signal::Running | Signal::KvUsage | Signal::Timestamp) {
                         bad = true;
                     }
                     None
@@ -258,6 +278,9 @@ pub fn assemble(
         let kv_usage = check(Signal::KvUsage, get(Signal::KvUsage), &mut snap);
         let latency = check(Signal::Latency, get(Signal::Latency), &mut snap);
         let service = check(Signal::Service, get(Signal::Service), &mut snap);
+        let token_time = check(Signal::TokenTime, get(Signal::TokenTime), &mut snap);
+        let prompt_cached = check(Signal::PromptCached, get(Signal::PromptCached), &mut snap);
+        let slots = check(Signal::Slots, get(Signal::Slots), &mut snap);
         // A member with any core signal refused gets no sample at all: a half-valid sample would
         // look less loaded than it is.
         let sample = match (waiting, running, bad) {
@@ -267,6 +290,9 @@ pub fn assemble(
                 kv_usage: kv_usage.map(|k| k.min(1.0)),
                 latency,
                 service,
+                token_time,
+                prompt_cached: prompt_cached.map(|c| c.min(1.0)),
+                slots,
                 age: age_of(m, get(Signal::Timestamp)),
             }),
             _ => None,

@@ -6,6 +6,12 @@
 //! mean processing time is rate(sum)/rate(count) of the end-to-end latency histogram, and mean
 //! service time the same of the time-in-the-running-batch histogram (vLLM's
 //! `vllm:request_inference_time_seconds`), which carries no queueing.
+//!
+//! llama.cpp's `llama-server` has no histograms and no KV gauge, only gauges and counters. Its speed
+//! is a ratio of counter growths ([`CounterRatio`]): seconds of prompt processing and generation
+//! per generated token (each slot's wall time, so it grows with a busy batch as users feel it), and
+//! its prompt-cache reuse the cached share of prompt tokens. Its slot count is not on the page: the
+//! scrape source reads it from `GET /props` (`total_slots`), Prometheus pools give it in `slots`.
 
 use std::time::Duration;
 
@@ -24,6 +30,9 @@ pub enum ProfileName {
     Trtllm,
     Nim,
     Tgi,
+    /// llama.cpp `llama-server --metrics`: slots instead of a KV gauge, counters instead of
+    /// histograms.
+    Llamacpp,
     /// No built-in names: everything comes from `metrics` or `queries`.
     Custom,
 }
@@ -73,6 +82,31 @@ pub struct MetricNames {
     pub kv_usage: Vec<String>,
     pub latency_histogram: Vec<String>,
     pub service_histogram: Vec<String>,
+    /// Seconds of work per generated token, from counters (llama.cpp).
+    pub token_time: Option<CounterRatio>,
+    /// Share of prompt tokens served from the prompt cache, from counters (llama.cpp).
+    pub prompt_cached: Option<CounterRatio>,
+    /// The server reports its slot count at `GET /props` (`total_slots`, llama.cpp).
+    pub slots_from_props: bool,
+}
+
+/// A signal that is the growth of some counters over the growth of others in the same window:
+/// `sum(rate(numerators)) / sum(rate(denominators))`. Every counter must be on the page.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CounterRatio {
+    pub numerators: Vec<String>,
+    pub denominators: Vec<String>,
+}
+
+impl CounterRatio {
+    fn of(numerators: &[&str], denominators: &[&str]) -> Option<CounterRatio> {
+        Some(CounterRatio { numerators: names(numerators), denominators: names(denominators) })
+    }
+
+    /// Every counter it reads.
+    pub fn counters(&self) -> impl Iterator<Item = &String> {
+        self.numerators.iter().chain(&self.denominators)
+    }
 }
 
 fn names(list: &[&str]) -> Vec<String> {
@@ -115,6 +149,9 @@ impl ProfileName {
             ProfileName::Tgi => {
                 (&["tgi_queue_size"], &["tgi_batch_current_size"], &[], &["tgi_request_duration"])
             }
+            ProfileName::Llamacpp => {
+                (&["llamacpp:requests_deferred"], &["llamacpp:requests_processing"], &[], &[])
+            }
             ProfileName::Custom => (&[], &[], &[], &[]),
         };
         // Time in the running batch (first scheduled to last token): vLLM's (0.6 and later) only.
@@ -122,12 +159,33 @@ impl ProfileName {
             ProfileName::Vllm | ProfileName::VllmLegacy => &["vllm:request_inference_time_seconds"],
             _ => &[],
         };
+        let llamacpp = self == ProfileName::Llamacpp;
         MetricNames {
             waiting: names(w),
             running: names(r),
             kv_usage: names(kv),
             latency_histogram: names(lat),
             service_histogram: names(service),
+            // Prefill and generation time per generated token: a request's whole work, spread over
+            // its output, so servers serving the same mix compare by it as by a service time.
+            token_time: llamacpp
+                .then(|| {
+                    CounterRatio::of(
+                        &["llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total"],
+                        &["llamacpp:tokens_predicted_total"],
+                    )
+                })
+                .flatten(),
+            // `prompt_tokens_total` counts only the tokens processed, excluding cached ones.
+            prompt_cached: llamacpp
+                .then(|| {
+                    CounterRatio::of(
+                        &["llamacpp:prompt_tokens_cached_total"],
+                        &["llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_total"],
+                    )
+                })
+                .flatten(),
+            slots_from_props: llamacpp,
         }
     }
 
@@ -158,6 +216,13 @@ pub enum Signal {
     Latency,
     /// Mean time requests spend running (queueing excluded).
     Service,
+    /// Seconds of work per generated token (llama.cpp's counters).
+    TokenTime,
+    /// Share of prompt tokens served from the prompt cache, 0..=1.
+    PromptCached,
+    /// Requests the server runs at most at once (llama.cpp's slots): from `GET /props` or the
+    /// pool's `slots`, never from a query.
+    Slots,
     /// Unix time of the newest raw sample behind `Waiting`: gives the sample's age.
     Timestamp,
 }
@@ -166,7 +231,7 @@ const _: () = assert!(Signal::Timestamp as usize + 1 == Signal::COUNT, "Signal::
 
 impl Signal {
     /// How many signals there are (for arrays indexed by `signal as usize`).
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 9;
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -175,6 +240,9 @@ impl Signal {
             Signal::KvUsage => "kv_usage",
             Signal::Latency => "latency",
             Signal::Service => "service",
+            Signal::TokenTime => "token_time",
+            Signal::PromptCached => "prompt_cached",
+            Signal::Slots => "slots",
             Signal::Timestamp => "timestamp",
         }
     }
@@ -227,6 +295,19 @@ pub fn promql(
     }
     if let Some(q) = overrides.service.clone().or_else(|| mean_of(&names.service_histogram)) {
         out.push((Signal::Service, q));
+    }
+    let rates = |counters: &[String]| -> String {
+        let parts: Vec<String> = counters
+            .iter()
+            .map(|c| format!("sum by ({join_label}) (rate({}[{window}]))", sel(c)))
+            .collect();
+        parts.join(" + ")
+    };
+    for (signal, ratio) in [(Signal::TokenTime, &names.token_time), (Signal::PromptCached, &names.prompt_cached)] {
+        if let Some(r) = ratio {
+            // `> 0`: no value where nothing was counted in the window, instead of 0/0.
+            out.push((signal, format!("({}) / (({}) > 0)", rates(&r.numerators), rates(&r.denominators))));
+        }
     }
     // The sample age comes from the raw series' own timestamp; an overridden query has no raw series
     // we can name, and its age is then the evaluation time (zero).
@@ -309,6 +390,27 @@ mod tests {
             get(Signal::Timestamp),
             "max by (instance) (timestamp(vllm:num_requests_waiting{job=\"vllm\"}))"
         );
+    }
+
+    #[test]
+    fn llamacpp_reads_its_gauges_and_counter_ratios() {
+        let names = ProfileName::Llamacpp.metric_names();
+        assert!(names.slots_from_props && names.kv_usage.is_empty());
+        let q = promql(&names, &QueryOverrides::default(), "instance", None, Duration::from_secs(60));
+        let get = |s: Signal| q.iter().find(|(x, _)| *x == s).map(|(_, q)| q.as_str()).expect("signal");
+        assert_eq!(get(Signal::Waiting), "sum by (instance) (llamacpp:requests_deferred)");
+        assert_eq!(get(Signal::Running), "sum by (instance) (llamacpp:requests_processing)");
+        assert_eq!(
+            get(Signal::TokenTime),
+            "(sum by (instance) (rate(llamacpp:prompt_seconds_total[1m])) + sum by (instance) \
+             (rate(llamacpp:tokens_predicted_seconds_total[1m]))) / ((sum by (instance) \
+             (rate(llamacpp:tokens_predicted_total[1m]))) > 0)"
+        );
+        assert!(get(Signal::PromptCached).starts_with(
+            "(sum by (instance) (rate(llamacpp:prompt_tokens_cached_total[1m]))) / ((sum by (instance) \
+             (rate(llamacpp:prompt_tokens_cached_total[1m])) + "
+        ));
+        assert!(q.iter().all(|(s, _)| !matches!(s, Signal::KvUsage | Signal::Latency | Signal::Service)));
     }
 
     #[test]

@@ -270,6 +270,12 @@ impl PrometheusSource {
             }
             values.insert(*signal, column);
         }
+        // Slot counts are configuration here: no series carries llama.cpp's.
+        if !pool.slots.is_empty() {
+            let column: MemberMap<f64> =
+                pool.members.iter().filter_map(|m| Some((m.clone(), pool.slots.of(m)?))).collect();
+            values.insert(Signal::Slots, column);
+        }
         // Ages first: a member whose timestamp cannot be trusted gets no sample at all (an age of
         // zero would make garbage look fresh; an infinite one used to panic).
         let mut ages: BTreeMap<MemberId, Duration> = BTreeMap::new();

@@ -10,6 +10,10 @@
 //! only for the names the member's pools need, and refused past `max_body_bytes`: one member serving
 //! a huge or slow page costs bounded memory and CPU, and the cycle's deadline can interrupt it
 //! between chunks. Members that cannot be read are listed in the snapshot's `failures` with a reason.
+//!
+//! Counter ratios (llama.cpp's time per generated token, prompt-cache share) are rated the same
+//! way as histograms. Slot counts of servers that publish them at `GET /props` (llama.cpp) are read
+//! there, rarely ([`super::props`]); a pool's configured `slots` fill in where that fails.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -19,10 +23,11 @@ use futures::stream::{self, StreamExt};
 use llm_lc_adapters::{MemberId, MemberMap, SecretRef};
 
 use super::exposition::{ReadError, Reader, Reading, Wanted};
-use super::profile::MetricNames;
+use super::profile::{CounterRatio, MetricNames};
+use super::props::{self, Due, SlotCache};
 use super::{
-    assemble, describe, http_client, FailureReason, MemberFailure, PoolQuery, Signal, SignalValues, Snapshot,
-    SourceError,
+    assemble, describe, http_client, FailureReason, MemberFailure, PoolQuery, Rejected, Signal, SignalValues,
+    Snapshot, SourceError,
 };
 use crate::config::ScrapeConfig;
 
@@ -34,12 +39,40 @@ pub struct ScrapeSource {
     concurrency: usize,
     max_body_bytes: usize,
     token: Option<SecretRef>,
-    /// Last (sum, count) of each member's timing histograms, for the rate between cycles.
+    /// Last (sum, count) of each member's timing histograms and counter ratios, for the rate
+    /// between cycles.
     last_latency: Mutex<HashMap<(MemberId, String), (f64, f64)>>,
+    /// Slot counts from `GET /props`.
+    slots: Mutex<SlotCache>,
 }
 
 /// Why a member could not be read: the bounded reason and the error.
 type Failure = (FailureReason, SourceError);
+
+/// One member's page as read this cycle.
+#[derive(Debug)]
+pub struct Page {
+    reading: Reading,
+    at: Instant,
+    /// Its slot count, where its server publishes one (known from an earlier read or read now).
+    slots: Option<f64>,
+    /// Why `/props` could not be read, when a read was tried this cycle and failed.
+    props_error: Option<String>,
+}
+
+impl Page {
+    fn new(reading: Reading, at: Instant) -> Page {
+        Page { reading, at, slots: None, props_error: None }
+    }
+}
+
+/// What a member's pools want of it beyond its page.
+#[derive(Debug, Default)]
+struct Wants {
+    page: Wanted,
+    /// Its slot count from `/props`, and the counter whose fall tells a restart.
+    props: Option<Option<String>>,
+}
 
 /// The sample names a pool needs from each member's page.
 pub fn wanted(names: &MetricNames, into: &mut Wanted) {
@@ -50,6 +83,17 @@ pub fn wanted(names: &MetricNames, into: &mut Wanted) {
         into.add(&format!("{h}_sum"));
         into.add(&format!("{h}_count"));
     }
+    for r in names.token_time.iter().chain(&names.prompt_cached) {
+        for c in r.counters() {
+            into.add(c);
+        }
+    }
+}
+
+/// The counter that tells a restart of a server whose slots come from `/props`: any counter of
+/// its page goes down then; the first one its pool reads is enough.
+fn restart_marker(names: &MetricNames) -> Option<String> {
+    names.token_time.iter().chain(&names.prompt_cached).flat_map(|r| r.counters()).next().cloned()
 }
 
 /// Read a whole page for the names of every built-in profile, under the default cap: whether the
@@ -57,7 +101,7 @@ pub fn wanted(names: &MetricNames, into: &mut Wanted) {
 pub fn parse(body: &str) -> Result<Reading, String> {
     use super::profile::ProfileName::*;
     let mut w = Wanted::default();
-    for p in [Vllm, VllmLegacy, Sglang, Trtllm, Nim, Tgi] {
+    for p in [Vllm, VllmLegacy, Sglang, Trtllm, Nim, Tgi, Llamacpp] {
         wanted(&p.metric_names(), &mut w);
     }
     super::exposition::read(body.as_bytes(), w, super::exposition::DEFAULT_MAX_BYTES)
@@ -80,7 +124,58 @@ impl ScrapeSource {
             max_body_bytes: cfg.max_body_bytes,
             token: cfg.bearer_token.clone(),
             last_latency: Mutex::new(HashMap::new()),
+            slots: Mutex::new(SlotCache::default()),
         })
+    }
+
+    /// `GET /props` of `member`: its `total_slots`, or why not.
+    async fn read_props(&self, member: &MemberId, token: Option<&str>) -> Result<f64, String> {
+        let url = format!("{}://{}/props", self.scheme, member);
+        let mut req = self.client.get(&url);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let mut resp = req.send().await.map_err(|e| format!("GET /props: {}", describe(&e)))?;
+        if !resp.status().is_success() {
+            return Err(format!("GET /props answered HTTP {}", resp.status().as_u16()));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| format!("GET /props: {}", describe(&e)))? {
+            if body.len() + chunk.len() > props::MAX_BYTES {
+                return Err(format!("/props is larger than {} bytes", props::MAX_BYTES));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        props::parse_total_slots(&body)
+    }
+
+    /// The page of `m`, with its slot count from `/props` where its pools want one.
+    async fn fetch_page(&self, m: &MemberId, wants: Wants, token: Option<&str>) -> Result<Page, Failure> {
+        let mut page = self.fetch(m, wants.page, token).await?;
+        let Some(marker_name) = wants.props else { return Ok(page) };
+        let marker = marker_name.as_deref().and_then(|n| page.reading.get(n)).map(|t| t.sum);
+        let due = self.slots.lock().unwrap_or_else(|p| p.into_inner()).due(m, marker, Instant::now());
+        page.slots = match due {
+            Due::Keep(slots) => slots,
+            Due::Read => {
+                let result = self.read_props(m, token).await;
+                let mut cache = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+                if cache.record(m, marker, &result, Instant::now()) {
+                    if let Err(e) = &result {
+                        tracing::warn!(
+                            source = %self.name,
+                            member = %m,
+                            error = %e,
+                            "cannot read the server's slot count; using what its metrics page shows \
+                             (and the pool's `slots`, if given)"
+                        );
+                    }
+                }
+                page.props_error = result.as_ref().err().cloned();
+                cache.get(m)
+            }
+        };
+        Ok(page)
     }
 
     async fn fetch(
@@ -88,7 +183,7 @@ impl ScrapeSource {
         member: &MemberId,
         wanted: Wanted,
         token: Option<&str>,
-    ) -> Result<(Reading, Instant), Failure> {
+    ) -> Result<Page, Failure> {
         let url = format!("{}://{}{}", self.scheme, member, self.path);
         let what = format!("scrape source {:?} member {member}", self.name);
         let transport = |e: reqwest::Error| {
@@ -131,16 +226,16 @@ impl ScrapeSource {
         }
         let at = Instant::now();
         let reading = reader.finish().map_err(unreadable)?;
-        Ok((reading, at))
+        Ok(Page::new(reading, at))
     }
 
     async fn fetch_one<'a>(
         &self,
         m: &'a MemberId,
-        wanted: Wanted,
+        wants: Wants,
         token: Option<&str>,
-    ) -> (&'a MemberId, Result<(Reading, Instant), Failure>) {
-        (m, self.fetch(m, wanted, token).await)
+    ) -> (&'a MemberId, Result<Page, Failure>) {
+        (m, self.fetch_page(m, wants, token).await)
     }
 
     pub async fn sample(&self, pools: &[&PoolQuery]) -> Vec<Result<Snapshot, SourceError>> {
@@ -149,10 +244,14 @@ impl ScrapeSource {
             Err(e) => return pools.iter().map(|_| Err(SourceError::Config(e.clone()))).collect(),
         };
         // Each member once, even when it is in several pools; read for the names all of them need.
-        let mut wants: HashMap<&MemberId, Wanted> = HashMap::new();
+        let mut wants: HashMap<&MemberId, Wants> = HashMap::new();
         for p in pools {
             for m in &p.members {
-                wanted(&p.names, wants.entry(m).or_default());
+                let w = wants.entry(m).or_default();
+                wanted(&p.names, &mut w.page);
+                if p.names.slots_from_props && w.props.is_none() {
+                    w.props = Some(restart_marker(&p.names));
+                }
             }
         }
         let distinct: BTreeSet<&MemberId> = wants.keys().copied().collect();
@@ -163,8 +262,14 @@ impl ScrapeSource {
             let w = wants.remove(m).unwrap_or_default();
             fetches.push(self.fetch_one(m, w, token.as_deref()));
         }
-        let fetched: HashMap<&MemberId, Result<(Reading, Instant), Failure>> =
+        let fetched: HashMap<&MemberId, Result<Page, Failure>> =
             stream::iter(fetches).buffer_unordered(self.concurrency).collect().await;
+        // A member that left, or whose page failed (it may be restarting with other slots), has its
+        // slot count read again when it is back.
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|m| matches!(fetched.get(m), Some(Ok(_))));
         for (m, r) in &fetched {
             if let Err((_, e)) = r {
                 tracing::debug!(source = %self.name, member = %m, error = %e, "scrape failed");
@@ -181,9 +286,33 @@ impl ScrapeSource {
     }
 }
 
+/// The growth of `(numerator, denominator)` since the last cycle, per member and key: the mean of a
+/// histogram (sum over count), or a ratio of counters. Computed once per member and key per cycle
+/// (`means`), so several pools share one window. A total that went down is a restart: no value.
+fn rated(
+    m: &MemberId,
+    key: String,
+    now: (f64, f64),
+    last: &mut HashMap<(MemberId, String), (f64, f64)>,
+    means: &mut HashMap<(MemberId, String), Option<f64>>,
+) -> Option<f64> {
+    let key = (m.clone(), key);
+    *means.entry(key.clone()).or_insert_with(|| {
+        let (n0, d0) = last.insert(key, now)?;
+        let dd = now.1 - d0;
+        (dd > 0.0 && now.0 >= n0).then(|| (now.0 - n0) / dd)
+    })
+}
+
+/// The totals a counter ratio needs from a page: `None` unless every counter is there.
+fn ratio_totals(r: &CounterRatio, reading: &Reading) -> Option<(f64, f64)> {
+    let sum = |names: &[String]| names.iter().map(|n| reading.get(n).map(|t| t.sum)).sum::<Option<f64>>();
+    Some((sum(&r.numerators)?, sum(&r.denominators)?))
+}
+
 fn pool_snapshot(
     pool: &PoolQuery,
-    fetched: &HashMap<&MemberId, Result<(Reading, Instant), Failure>>,
+    fetched: &HashMap<&MemberId, Result<Page, Failure>>,
     last: &mut HashMap<(MemberId, String), (f64, f64)>,
     means: &mut HashMap<(MemberId, String), Option<f64>>,
 ) -> Result<Snapshot, SourceError> {
@@ -198,16 +327,18 @@ fn pool_snapshot(
     let mut values = SignalValues::new();
     let mut ages: HashMap<&MemberId, Duration> = HashMap::new();
     let mut failures = Vec::new();
+    let mut props_errors = Vec::new();
     for m in &pool.members {
-        let (reading, at) = match fetched.get(m) {
-            Some(Ok(r)) => r,
+        let page = match fetched.get(m) {
+            Some(Ok(p)) => p,
             Some(Err((reason, e))) => {
                 failures.push(MemberFailure { member: m.clone(), reason: *reason, detail: e.to_string() });
                 continue;
             }
             None => continue,
         };
-        ages.insert(m, at.elapsed());
+        let reading = &page.reading;
+        ages.insert(m, page.at.elapsed());
         let mut put = |s: Signal, v: Option<f64>| {
             if let Some(v) = v {
                 let n = pool.members.len();
@@ -239,19 +370,29 @@ fn pool_snapshot(
                 Some((h.clone(), sum.sum, count.sum))
             });
             if let Some((hist, sum, count)) = hist {
-                let key = (m.clone(), hist);
-                let mean = *means.entry(key.clone()).or_insert_with(|| {
-                    let (s0, c0) = last.insert(key, (sum, count))?;
-                    let dc = count - c0;
-                    // A counter that went down means the server restarted: no rate this time.
-                    (dc > 0.0 && sum >= s0).then(|| (sum - s0) / dc)
-                });
-                put(signal, mean);
+                put(signal, rated(m, hist, (sum, count), last, means));
             }
         }
+        for (signal, ratio) in
+            [(Signal::TokenTime, &pool.names.token_time), (Signal::PromptCached, &pool.names.prompt_cached)]
+        {
+            if let Some((r, totals)) = ratio.as_ref().and_then(|r| Some((r, ratio_totals(r, reading)?))) {
+                put(signal, rated(m, format!("{signal:?}:{}", r.numerators.join("+")), totals, last, means));
+            }
+        }
+        if pool.names.slots_from_props {
+            if let Some(e) = &page.props_error {
+                props_errors.push((m.clone(), e.clone()));
+            }
+        }
+        // The server's own count first; the pool's configured one where it has none.
+        put(Signal::Slots, page.slots.or_else(|| pool.slots.of(m)));
     }
     let mut snap = assemble(&pool.members, &values, |m, _| ages.get(m).copied().unwrap_or_default());
     snap.failures = failures;
+    for (member, _) in props_errors {
+        snap.rejected.push(Rejected { member, signal: Signal::Slots, reason: "props_unreadable", value: f64::NAN });
+    }
     Ok(snap)
 }
 
@@ -297,6 +438,7 @@ vllm:request_inference_time_seconds_count{engine="0",model_name="m"} 4.0
             queries: vec![],
             join: super::super::Join::new(&Default::default()).expect("join"),
             labels: None,
+            slots: Default::default(),
         }
     }
 
@@ -331,20 +473,64 @@ vllm:request_inference_time_seconds_count{engine="0",model_name="m"} 4.0
         let p = pool(&["a:1"]);
         let m = MemberId::from("a:1");
         let mut last = HashMap::new();
-        let first: HashMap<&MemberId, Result<(Reading, Instant), Failure>> =
-            [(&m, Ok((page, Instant::now())))].into_iter().collect();
+        let first: HashMap<&MemberId, Result<Page, Failure>> =
+            [(&m, Ok(Page::new(page, Instant::now())))].into_iter().collect();
         let snap = pool_snapshot(&p, &first, &mut last, &mut HashMap::new()).expect("snapshot");
         let s = snap.members[&m].as_ref().expect("sample");
         assert_eq!((s.waiting, s.running), (5.0, 16.0));
         assert!((s.kv_usage.expect("kv") - 0.6).abs() < 1e-9);
         assert_eq!(s.latency, None, "needs two scrapes");
-        let second: HashMap<&MemberId, Result<(Reading, Instant), Failure>> =
-            [(&m, Ok((later, Instant::now())))].into_iter().collect();
+        let second: HashMap<&MemberId, Result<Page, Failure>> =
+            [(&m, Ok(Page::new(later, Instant::now())))].into_iter().collect();
         let snap = pool_snapshot(&p, &second, &mut last, &mut HashMap::new()).expect("snapshot");
         let s = snap.members[&m].as_ref().expect("sample");
         assert_eq!(s.latency, Some(3.0), "(20-8)/(8-4)");
         assert_eq!(s.service, Some(1.0), "time running, its own histogram: (7-3)/(8-4)");
         assert!(snap.failures.is_empty());
+    }
+
+    #[test]
+    fn a_real_llama_server_page_gives_its_queue_speed_and_cache_reuse() {
+        // Captured from llama-server (4 slots, 6 requests in flight: 4 running, 2 deferred).
+        let page = include_str!("../../tests/llamacpp/fixtures/metrics-busy.txt");
+        let names = crate::source::profile::ProfileName::Llamacpp.metric_names();
+        let read_page = |text: &str| {
+            let mut w = Wanted::default();
+            wanted(&names, &mut w);
+            read(text.as_bytes(), w, 1 << 20).expect("reads")
+        };
+        let p = PoolQuery { names: names.clone(), ..pool(&["a:1"]) };
+        let m = MemberId::from("a:1");
+        let mut last = HashMap::new();
+        let mut page1 = Page::new(read_page(page), Instant::now());
+        page1.slots = Some(4.0);
+        let first: HashMap<&MemberId, Result<Page, Failure>> = [(&m, Ok(page1))].into_iter().collect();
+        let snap = pool_snapshot(&p, &first, &mut last, &mut HashMap::new()).expect("snapshot");
+        let s = snap.members[&m].as_ref().expect("sample");
+        assert_eq!((s.waiting, s.running, s.kv_usage, s.slots), (2.0, 4.0, None, Some(4.0)));
+        assert_eq!((s.token_time, s.prompt_cached), (None, None), "rates need two pages");
+        // 128 more tokens in 0.5 s of generation and 0.02 s of prompt; 48 prompt tokens, 16 cached.
+        let later = page
+            .replace("tokens_predicted_total 128", "tokens_predicted_total 256")
+            .replace("tokens_predicted_seconds_total 0.301402", "tokens_predicted_seconds_total 0.801402")
+            .replace("prompt_seconds_total 0.051844", "prompt_seconds_total 0.071844")
+            .replace("prompt_tokens_total 56", "prompt_tokens_total 88")
+            .replace("prompt_tokens_cached_total 8", "prompt_tokens_cached_total 24");
+        let second: HashMap<&MemberId, Result<Page, Failure>> =
+            [(&m, Ok(Page::new(read_page(&later), Instant::now())))].into_iter().collect();
+        // No slot count from /props this time and none configured: none in the sample.
+        let snap = pool_snapshot(&p, &second, &mut last, &mut HashMap::new()).expect("snapshot");
+        let s = snap.members[&m].as_ref().expect("sample");
+        assert!((s.token_time.expect("token time") - 0.52 / 128.0).abs() < 1e-9, "{s:?}");
+        assert!((s.prompt_cached.expect("cache share") - 16.0 / 48.0).abs() < 1e-9, "{s:?}");
+        assert_eq!(s.slots, None);
+        // The pool's configured count fills in where the server's own is unknown.
+        let configured = PoolQuery {
+            slots: crate::source::config::SlotsConfig { default: Some(3), ..Default::default() },
+            ..p.clone()
+        };
+        let snap = pool_snapshot(&configured, &second, &mut last, &mut HashMap::new()).expect("snapshot");
+        assert_eq!(snap.members[&m].as_ref().and_then(|s| s.slots), Some(3.0));
     }
 
     #[test]
@@ -358,10 +544,10 @@ vllm:request_inference_time_seconds_count{engine="0",model_name="m"} 4.0
         let p = pool(&["a:1", "b:1", "c:1"]);
         let (a, b, c) = (MemberId::from("a:1"), MemberId::from("b:1"), MemberId::from("c:1"));
         let too_large = SourceError::TooLarge { what: "member b:1".into(), limit: 10 };
-        let fetched: HashMap<&MemberId, Result<(Reading, Instant), Failure>> = [
-            (&a, Ok((reading(VLLM_TEXT), Instant::now()))),
+        let fetched: HashMap<&MemberId, Result<Page, Failure>> = [
+            (&a, Ok(Page::new(reading(VLLM_TEXT), Instant::now()))),
             (&b, Err((FailureReason::TooLarge, too_large))),
-            (&c, Ok((reading("unrelated_metric 1\n"), Instant::now()))),
+            (&c, Ok(Page::new(reading("unrelated_metric 1\n"), Instant::now()))),
         ]
         .into_iter()
         .collect();

@@ -184,6 +184,9 @@ impl BenchControl {
                         kv_usage: Some(o.kv_usage),
                         latency: o.latency_s,
                         service: o.service_s,
+                        token_time: None,
+                        prompt_cached: None,
+                        slots: None,
                         age: Duration::from_secs_f64(o.age_s.max(0.0)),
                     });
                     (m.clone(), sample)

@@ -1,6 +1,6 @@
 //! Test support shared by the integration tests of every crate in the workspace.
 //!
-//! Real servers (Prometheus, HAProxy, Envoy) are started on free loopback ports with generated configs
+//! Real servers (Prometheus, HAProxy, Envoy, llama.cpp) are started on free loopback ports with generated configs
 //! in temp dirs and killed on drop; readiness is polled with a deadline, never slept for. With the
 //! `tools` feature (the root crate's tests), helpers for the proxy and the simulated fleet too.
 
@@ -8,6 +8,7 @@ pub mod bigip;
 pub mod envoy;
 pub mod haproxy;
 pub mod kube;
+pub mod llamacpp;
 pub mod metrics_target;
 pub mod ports;
 pub mod prometheus;
