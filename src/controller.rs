@@ -552,8 +552,15 @@ impl PoolRuntime {
                 if let Some(l) = s.latency {
                     m.member_latency.get_or_create(&ml).set(l);
                 }
-                if let Some(t) = s.service {
-                    m.member_service.get_or_create(&ml).set(t);
+                for (family, v) in [
+                    (&m.member_service, s.service),
+                    (&m.member_token_time, s.token_time),
+                    (&m.member_prompt_cached, s.prompt_cached),
+                    (&m.member_slots, s.slots),
+                ] {
+                    if let Some(v) = v {
+                        family.get_or_create(&ml).set(v);
+                    }
                 }
                 m.member_sample_age.get_or_create(&ml).set(s.age.as_secs_f64());
             }
@@ -566,6 +573,9 @@ impl PoolRuntime {
                 kv_usage: s.and_then(|s| s.kv_usage),
                 latency_s: s.and_then(|s| s.latency),
                 service_s: s.and_then(|s| s.service),
+                token_time_s: s.and_then(|s| s.token_time),
+                prompt_cached: s.and_then(|s| s.prompt_cached),
+                slots: s.and_then(|s| s.slots),
                 age_s: s.map(|s| s.age.as_secs_f64()),
                 tier: self.cycle.tier_of(member).map(str::to_string),
             }

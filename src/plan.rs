@@ -205,8 +205,20 @@ fn pool(cfg: &Config, p: &PoolConfig) -> Value {
             put(&mut q, "kv_usage", list(&names.kv_usage));
             put(&mut q, "latency_histogram", list(&names.latency_histogram));
             put(&mut q, "service_histogram", list(&names.service_histogram));
+            for (key, ratio) in [("token_time", &names.token_time), ("prompt_cached", &names.prompt_cached)] {
+                if let Some(r) = ratio {
+                    put(
+                        &mut q,
+                        key,
+                        format!("{} per {}", r.numerators.join(" + "), r.denominators.join(" + ")),
+                    );
+                }
+            }
             put(&mut m, "metrics", q);
         }
+    }
+    if let Some(slots) = slots(cfg, p, &names) {
+        put(&mut m, "slots", slots);
     }
     put(&mut m, "policy", policy(&p.policy));
     let mut r = Mapping::new();
@@ -263,6 +275,50 @@ fn pool(cfg: &Config, p: &PoolConfig) -> Value {
     put(&mut m, "push_timeout", p.push_timeout.map(dur).unwrap_or_else(|| "three intervals".into()));
     put(&mut m, "sink", sink(&p.sink));
     Value::Mapping(m)
+}
+
+/// Where each member's slot count comes from, and which members have none (their capacity is then
+/// what they show when full). `None` for pools that neither read nor configure slots.
+fn slots(cfg: &Config, p: &PoolConfig, names: &crate::source::profile::MetricNames) -> Option<Value> {
+    let from_props =
+        names.slots_from_props && matches!(cfg.sources.get(&p.source), Some(SourceConfig::Scrape(_)));
+    if p.slots.is_empty() && !names.slots_from_props {
+        return None;
+    }
+    let mut m = Mapping::new();
+    if from_props {
+        put(
+            &mut m,
+            "read_from",
+            "each member's GET /props (total_slots), again after a restart and every 5m",
+        );
+    }
+    if let Some(d) = p.slots.default {
+        put(&mut m, "default", d);
+    }
+    let mut per = Mapping::new();
+    for (member, n) in &p.slots.members {
+        put(&mut per, member.as_str(), *n);
+    }
+    if !per.is_empty() {
+        put(&mut m, "members", per);
+    }
+    if !from_props && p.slots.default.is_none() {
+        // Prometheus carries no slot count: say which members run without one.
+        let lacking: Vec<Value> = match &p.members.static_list {
+            Some(list) => list
+                .iter()
+                .filter(|x| !p.slots.members.contains_key(*x))
+                .map(|x| Value::String(x.to_string()))
+                .collect(),
+            None => vec![Value::String("every member not listed in slots.members".into())],
+        };
+        if !lacking.is_empty() {
+            put(&mut m, "WARNING", "no slot count for these members: their capacity is what they show when full (set slots.default or slots.members)");
+            put(&mut m, "without_slots", Value::Sequence(lacking));
+        }
+    }
+    Some(Value::Mapping(m))
 }
 
 fn policy(p: &PolicyConfig) -> Value {

@@ -53,6 +53,15 @@ pub struct MemberReport {
     /// Mean time requests ran, queue excluded (vLLM's `vllm:request_inference_time_seconds`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_s: Option<f64>,
+    /// Seconds of prompt processing and generation per generated token (llama.cpp's counters).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_time_s: Option<f64>,
+    /// Share of prompt tokens served from the prompt cache, 0..1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_cached: Option<f64>,
+    /// Requests the member runs at once (llama.cpp's slots, or the pool's `slots`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slots: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub age_s: Option<f64>,
     /// Priority pooling: the member's tier.
@@ -86,14 +95,25 @@ impl CycleReport {
                 let _ = write!(s, "\n  error: {e}");
             }
             let _ = writeln!(s);
+            // Servers without a KV gauge (llama.cpp) show their slots instead.
+            let slots = p.members.iter().any(|m| m.slots.is_some() && m.kv_usage.is_none());
             let _ = writeln!(
                 s,
                 "  {:<28} {:>8} {:>8} {:>6} {:>7}  {:>13}",
-                "MEMBER", "WAITING", "RUNNING", "KV%", "AGE", "RATIO"
+                "MEMBER",
+                "WAITING",
+                "RUNNING",
+                if slots { "SLOTS" } else { "KV%" },
+                "AGE",
+                "RATIO"
             );
             for m in &p.members {
                 let num = |v: Option<f64>| v.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into());
-                let kv = m.kv_usage.map(|v| format!("{:.0}", v * 100.0)).unwrap_or_else(|| "-".into());
+                let kv = match (m.kv_usage, slots) {
+                    (Some(v), _) => format!("{:.0}", v * 100.0),
+                    (None, true) => num(m.slots),
+                    (None, false) => "-".into(),
+                };
                 let age = m.age_s.map(|v| format!("{v:.1}s")).unwrap_or_else(|| "-".into());
                 let old = m.old_ratio.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
                 let _ = writeln!(

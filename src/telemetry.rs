@@ -48,6 +48,9 @@ pub struct Metrics {
     pub member_kv_usage: FGauge,
     pub member_latency: FGauge,
     pub member_service: FGauge,
+    pub member_token_time: FGauge,
+    pub member_prompt_cached: FGauge,
+    pub member_slots: FGauge,
     pub member_sample_age: FGauge,
     pub pool_saturation: FGauge,
     pub pool_fresh_members: FGauge,
@@ -110,6 +113,21 @@ impl Metrics {
             &mut r,
             "llmlc_member_service_seconds",
             "Mean time requests ran on the member, queueing excluded (last sample)",
+        );
+        let member_token_time = g(
+            &mut r,
+            "llmlc_member_token_time_seconds",
+            "Seconds of prompt processing and generation per generated token on the member (llama.cpp; last sample)",
+        );
+        let member_prompt_cached = g(
+            &mut r,
+            "llmlc_member_prompt_cached_ratio",
+            "Share of the member's prompt tokens served from its prompt cache, 0..1 (last sample)",
+        );
+        let member_slots = g(
+            &mut r,
+            "llmlc_member_slots",
+            "Requests the member runs at once: llama.cpp's slots from /props, or the pool's `slots`",
         );
         let member_sample_age =
             g(&mut r, "llmlc_member_sample_age_seconds", "Age of the member's last sample");
@@ -189,6 +207,9 @@ impl Metrics {
             member_kv_usage,
             member_latency,
             member_service,
+            member_token_time,
+            member_prompt_cached,
+            member_slots,
             member_sample_age,
             pool_saturation,
             pool_fresh_members,
@@ -228,6 +249,9 @@ impl Metrics {
             &self.member_kv_usage,
             &self.member_latency,
             &self.member_service,
+            &self.member_token_time,
+            &self.member_prompt_cached,
+            &self.member_slots,
             &self.member_sample_age,
         ] {
             f.remove(&l);

@@ -208,7 +208,7 @@ async fn before_the_first_cycle_the_page_says_so_without_errors_then_shows_the_c
                     latency_s: Some(0.02),
                     service_s: Some(0.015),
                     age_s: Some(1.5),
-                    tier: None,
+                    ..Default::default()
                 },
                 MemberReport { member: "10.0.0.2:8000".into(), ratio: 50, ..Default::default() },
             ],

@@ -133,6 +133,11 @@ impl CapacityParams {
 
 /// Queue length that weighs as much as a full server in the pool's saturation figure.
 pub const SATURATION_QUEUE_NORM: f64 = 256.0;
+/// At most this share of the smallest ratio of a member with room goes to a member that queues
+/// (see [`queue_rule`]).
+const QUEUED_SHARE: f64 = 0.9;
+/// How much a queue as long as the member's capacity weighs in the queue rule's cut.
+const QUEUE_WEIGHT: f64 = 2.0;
 /// Fewer running requests than this say too little about a server's capacity.
 const MIN_RUNNING: f64 = 4.0;
 /// Below this memory use `running / usage` is mostly rounding.
@@ -167,6 +172,9 @@ struct Member {
     trim_weight: f64,
     /// Time since the member was last seen memory-bound; `None`: not seen so.
     since_full: Option<std::time::Duration>,
+    /// The queue rule's cut (see [`queue_rule`]): set on the first reading of a member that
+    /// queues beside one with room, kept while later readings confirm it, given back otherwise.
+    queue_cut: Option<f64>,
 }
 
 impl Member {
@@ -208,8 +216,30 @@ impl Capacity {
         (unread.as_secs_f64() / TRIM_PERIOD.as_secs_f64()).min(1.0)
     }
 
+    /// How full the server is, 0..1: its KV usage, else its busy slots, else running requests
+    /// over `running_norm`.
     fn usage(&self, s: &Sample) -> f64 {
-        s.kv_usage.unwrap_or(s.running / self.params.running_norm)
+        match (s.kv_usage, s.slots) {
+            (Some(kv), _) => kv,
+            (None, Some(slots)) => (s.running / slots.max(1.0)).min(1.0),
+            (None, None) => s.running / self.params.running_norm,
+        }
+    }
+
+    /// The capacity one sample shows, in concurrent requests, and whether it is exact (taken at
+    /// once rather than smoothed). From memory where the server publishes KV usage (capped by its
+    /// slots or `max_num_seqs`); from its slot count where it publishes none; and, without either,
+    /// from what it runs while it queues (a full server shows its own limit).
+    fn capacity_shown(&self, s: &Sample) -> Option<(f64, bool)> {
+        let p = &self.params;
+        let limit = s.slots.unwrap_or(p.max_num_seqs);
+        match (s.kv_usage, s.slots) {
+            (Some(kv), _) => {
+                (s.running >= MIN_RUNNING && kv >= MIN_USAGE).then(|| ((s.running / kv).min(limit), false))
+            }
+            (None, Some(slots)) => Some((slots, true)),
+            (None, None) => (s.waiting >= 1.0 && s.running >= 1.0).then(|| (s.running.min(limit), false)),
+        }
     }
 
     /// Update a member's estimates from one fresh sample.
@@ -223,6 +253,7 @@ impl Capacity {
         }
         m.age = Some(s.age);
         let queued = s.waiting >= 1.0;
+
         let blend = |old: Option<f64>, new: f64, at_once: bool| match old {
             Some(_) if at_once => new,
             Some(o) => o + p.smoothing * (new - o),
@@ -236,12 +267,12 @@ impl Capacity {
         } else {
             m.since_full.map(|d| d + self.interval)
         };
-        if s.running >= MIN_RUNNING && usage >= MIN_USAGE {
-            let k = (s.running / usage).min(p.max_num_seqs);
-            m.k = Some(blend(m.k, k, false).max(1.0));
+        if let Some((k, exact)) = self.capacity_shown(s) {
+            m.k = Some(blend(m.k, k, exact).max(1.0));
         }
         let valid = |t: &f64| *t > 0.0 && t.is_finite();
-        if let Some(t) = s.service.filter(valid) {
+        // Time running, or else the work per generated token (llama.cpp): neither carries queueing.
+        if let Some(t) = s.service.filter(valid).or(s.token_time.filter(valid)) {
             // Time running carries no queueing: usable whether the server queues or not. A much
             // longer reading on a queued server is a slowdown: believed at once (feed-forward).
             // Not on a server whose memory is full, or was within the times' window: it preempts
@@ -298,8 +329,8 @@ impl Capacity {
         let n = state.len();
         let (mut base, mut delay, mut util) =
             (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-        for (m, s) in state.iter().zip(&samples) {
-            let k = m.k.unwrap_or(mean_k).max(1.0);
+        let ks = base_k(&state, &samples, mean_k);
+        for ((m, s), &k) in state.iter().zip(&samples).zip(&ks) {
             let service = m.s.or(mean_s).unwrap_or(1.0);
             base.push(if use_s { k / service.max(1e-3) } else { k });
             delay.push(s.waiting * service / k);
@@ -324,6 +355,7 @@ impl Capacity {
             };
             next.push(base[i] * m.trim * h);
         }
+        queue_rule(&mut next, &mut state, &samples, &ks, p.trim_max);
         // The trims are relative: keep their geometric mean at 1 so they cannot drift together.
         let log_mean = state.iter().map(|m| m.trim.ln()).sum::<f64>() / n as f64;
         for m in &mut state {
@@ -366,6 +398,64 @@ impl Capacity {
             }
         }
         out
+    }
+}
+
+/// Each member's capacity in concurrent requests: its estimate, else the pool's mean; a member
+/// without an estimate that does not queue holds at least what it runs now and one more.
+fn base_k(state: &[Member], samples: &[&Sample], mean_k: f64) -> Vec<f64> {
+    state
+        .iter()
+        .zip(samples)
+        .map(|(m, s)| {
+            m.k.unwrap_or_else(|| if s.waiting < 1.0 { mean_k.max(s.running + 1.0) } else { mean_k }).max(1.0)
+        })
+        .collect()
+}
+
+/// Whether a member can start one more request now: nothing waits, a slot is free, memory is not
+/// full.
+fn has_room(s: &Sample, k: f64) -> bool {
+    s.waiting < 1.0 && s.running + 1.0 <= k && s.kv_usage.is_none_or(|kv| kv < MEMORY_BOUND)
+}
+
+/// The queue rule, in every mode and from the first cycle: a request sent to a member that
+/// queues waits, one sent to a member with room starts at once. On a member's first reading the
+/// policy has nothing but that reading, so it takes it as a judgement: a member that shows waiting
+/// requests while another has room gets less than the smallest ratio of a member with room
+/// (`QUEUED_SHARE` of it, less the longer its queue is against its capacity:
+/// `1 / (1 + QUEUE_WEIGHT x waiting / K)`, which also ranks the queued members among themselves).
+/// The cut holds while each new reading confirms it (still queued, another member with room) and
+/// is given back otherwise, half of it per 15 s of readings, never to return: a queue that
+/// persists beside room is then cut further by the trim (the queued member is at full
+/// utilization), a passing one costs nothing.
+///
+/// Only from a member's first reading, never armed later: applied afresh every cycle the rule is
+/// a proportional controller coupled across members, and it ran away in the benchmark (a big
+/// server with one waiting request dropped below a server a third its size, the others then
+/// queued in turn: p99 5x-70x worse on the mem-only, heterogeneous and shared-backends fleets).
+/// Behind least-connections the LB sees queued requests itself; what it cannot see (load from
+/// elsewhere) is what the trim is for.
+fn queue_rule(next: &mut [f64], state: &mut [Member], samples: &[&Sample], k: &[f64], trim_max: f64) {
+    let room_min = (0..next.len())
+        .filter(|&i| has_room(samples[i], k[i]))
+        .map(|i| next[i])
+        .fold(f64::INFINITY, f64::min);
+    for i in 0..next.len() {
+        let (s, m) = (samples[i], &mut state[i]);
+        let confirmed = s.waiting >= 1.0 && room_min.is_finite() && next[i] > 0.0;
+        m.queue_cut = match (m.queue_cut, m.last.is_none()) {
+            (_, true) if confirmed => {
+                let cap = room_min * QUEUED_SHARE / (1.0 + QUEUE_WEIGHT * s.waiting / k[i]);
+                Some((cap / next[i]).clamp(1.0 / trim_max, 1.0))
+            }
+            (Some(c), false) if !confirmed && m.trim_weight > 0.0 => {
+                let c = c + (1.0 - c) * 0.5 * m.trim_weight;
+                (c < 0.98).then_some(c)
+            }
+            (c, _) => c,
+        };
+        next[i] *= m.queue_cut.unwrap_or(1.0);
     }
 }
 
@@ -667,6 +757,95 @@ mod tests {
         assert!(c.is_new(Some(ms(11_000)), ms(1_200)));
         // A late cycle makes a repeat older still, never new; the first reading is new.
         assert!(!c.is_new(Some(ms(1_000)), ms(9_000)) && c.is_new(None, ms(9_000)));
+    }
+
+    /// The three servers of issue 25: free room, a short queue, a long queue on a full cache.
+    fn loaded_trio(service: Option<f64>) -> [(&'static str, Option<Sample>); 3] {
+        let with = |w: f64, r: f64, kv: f64| {
+            Some(Sample { waiting: w, running: r, kv_usage: Some(kv), latency: None, service, ..base() })
+        };
+        [("a:1", with(0.0, 4.0, 0.10)), ("b:1", with(2.0, 30.0, 0.55)), ("c:1", with(12.0, 60.0, 0.95))]
+    }
+
+    fn base() -> Sample {
+        Sample {
+            waiting: 0.0,
+            running: 0.0,
+            kv_usage: None,
+            latency: None,
+            service: None,
+            token_time: None,
+            prompt_cached: None,
+            slots: None,
+            age: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn a_visible_queue_ranks_below_free_room_on_the_first_cycle_in_every_mode() {
+        for mode in [Mode::LeastConnections, Mode::RoundRobin] {
+            for service in [None, Some(2.0)] {
+                let mut p = policy(mode);
+                let mut prev = Default::default();
+                let r = ratios(&mut p, &loaded_trio(service), &mut prev);
+                assert!(r[0] > r[1] && r[1] > r[2], "{mode:?}, service {service:?}: {r:?}");
+                // And while the load stays, so does the order (a minute of 5 s cycles).
+                for cycle in 0..12 {
+                    let r = ratios(&mut p, &loaded_trio(service), &mut prev);
+                    assert!(r[0] > r[1] && r[1] > r[2], "{mode:?}, {service:?}, cycle {cycle}: {r:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_queue_beside_an_idle_member_is_cut_until_the_idle_one_has_half_as_much_again() {
+        // Same servers; `a` is kept full and queued by traffic that does not pass this LB, `b` idles.
+        for mode in [Mode::LeastConnections, Mode::RoundRobin] {
+            let mut p = policy(mode);
+            let mut prev = Default::default();
+            let members = [
+                ("a:1", Some(Sample { waiting: 3.0, running: 40.0, kv_usage: Some(0.8), ..base() })),
+                ("b:1", Some(Sample { kv_usage: Some(0.0), ..base() })),
+            ];
+            let first = ratios(&mut p, &members, &mut prev);
+            assert!(first[1] > first[0], "{mode:?}: at once {first:?}");
+            let mut last = first;
+            for _ in 0..12 {
+                let r = ratios(&mut p, &members, &mut prev);
+                assert!(r[0] <= last[0], "{mode:?}: only ever cut: {r:?} after {last:?}");
+                last = r;
+            }
+            assert!(f64::from(last[1]) >= 1.5 * f64::from(last[0]), "{mode:?}: within a minute {last:?}");
+        }
+    }
+
+    #[test]
+    fn slots_are_the_capacity_of_a_server_without_a_kv_gauge() {
+        // llama.cpp: 4 slots against 1, whatever each runs at the moment.
+        let slots =
+            |n: f64, w: f64, r: f64| Some(Sample { waiting: w, running: r, slots: Some(n), ..base() });
+        for members in [
+            [("big:1", slots(4.0, 0.0, 0.0)), ("small:1", slots(1.0, 0.0, 0.0))],
+            [("big:1", slots(4.0, 0.0, 3.0)), ("small:1", slots(1.0, 1.0, 1.0))],
+            [("big:1", slots(4.0, 0.0, 4.0)), ("small:1", slots(1.0, 0.0, 1.0))],
+        ] {
+            let r = ratios(&mut policy(Mode::LeastConnections), &members, &mut Default::default());
+            assert!(f64::from(r[0]) >= 3.5 * f64::from(r[1]), "{members:?}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn without_kv_or_slots_a_full_server_shows_its_limit_and_one_with_room_holds_more() {
+        // Equal weights put 3 requests on a 4-slot server and 2 on a 1-slot one: the small one runs
+        // 1 and queues 1 (its limit is 1), the big one runs 3 and has room (so at least 4).
+        let mut p = policy(Mode::LeastConnections);
+        let members = [
+            ("big:1", Some(Sample { running: 3.0, ..base() })),
+            ("small:1", Some(Sample { waiting: 1.0, running: 1.0, ..base() })),
+        ];
+        let r = ratios(&mut p, &members, &mut Default::default());
+        assert!(f64::from(r[0]) >= 3.5 * f64::from(r[1]), "{r:?}");
     }
 
     #[test]

@@ -70,9 +70,10 @@ impl PolicyConfig {
 /// How "loaded" a server is, as one number where 1 means a full KV cache (or a full batch) and each
 /// `queue_norm` waiting requests add one more. Both policies and the saturation figure use it.
 pub fn load(s: &Sample, queue_norm: f64, running_norm: f64) -> f64 {
-    let busy = match s.kv_usage {
-        Some(kv) => kv,
-        None => s.running / running_norm.max(1e-9),
+    let busy = match (s.kv_usage, s.slots) {
+        (Some(kv), _) => kv,
+        (None, Some(slots)) => s.running / slots.max(1.0),
+        (None, None) => s.running / running_norm.max(1e-9),
     };
     busy + s.waiting / queue_norm.max(1e-9)
 }

@@ -9,8 +9,8 @@ pub mod config;
 pub mod exposition;
 pub mod kubernetes;
 pub mod profile;
-pub mod props;
 pub mod prometheus;
+pub mod props;
 pub mod scrape;
 pub mod validate;
 
@@ -265,7 +265,10 @@ pub fn assemble(
                     snap.rejected.push(Rejected { member: m.clone(), signal, reason, value: v });
                     // Timings, shares and slot counts are optional: a bad one is dropped, the
                     // gauges still count.
-                    if matches!(signal, Signal::Waiting | Signal::Running | Signal::KvUsage | Signal::Timestamp) {
+                    if matches!(
+                        signal,
+                        Signal::Waiting | Signal::Running | Signal::KvUsage | Signal::Timestamp
+                    ) {
                         bad = true;
                     }
                     None

@@ -297,13 +297,13 @@ pub fn promql(
         out.push((Signal::Service, q));
     }
     let rates = |counters: &[String]| -> String {
-        let parts: Vec<String> = counters
-            .iter()
-            .map(|c| format!("sum by ({join_label}) (rate({}[{window}]))", sel(c)))
-            .collect();
+        let parts: Vec<String> =
+            counters.iter().map(|c| format!("sum by ({join_label}) (rate({}[{window}]))", sel(c))).collect();
         parts.join(" + ")
     };
-    for (signal, ratio) in [(Signal::TokenTime, &names.token_time), (Signal::PromptCached, &names.prompt_cached)] {
+    for (signal, ratio) in
+        [(Signal::TokenTime, &names.token_time), (Signal::PromptCached, &names.prompt_cached)]
+    {
         if let Some(r) = ratio {
             // `> 0`: no value where nothing was counted in the window, instead of 0/0.
             out.push((signal, format!("({}) / (({}) > 0)", rates(&r.numerators), rates(&r.denominators))));

@@ -74,7 +74,10 @@ impl SlotCache {
             Err(_) => before.and_then(|k| k.slots),
         };
         let log = result.is_err() && !was_logged;
-        self.known.insert(m.clone(), Known { slots, at: now, marker, logged: result.is_err() && (log || was_logged) });
+        self.known.insert(
+            m.clone(),
+            Known { slots, at: now, marker, logged: result.is_err() && (log || was_logged) },
+        );
         log
     }
 

@@ -178,12 +178,7 @@ impl ScrapeSource {
         Ok(page)
     }
 
-    async fn fetch(
-        &self,
-        member: &MemberId,
-        wanted: Wanted,
-        token: Option<&str>,
-    ) -> Result<Page, Failure> {
+    async fn fetch(&self, member: &MemberId, wanted: Wanted, token: Option<&str>) -> Result<Page, Failure> {
         let url = format!("{}://{}{}", self.scheme, member, self.path);
         let what = format!("scrape source {:?} member {member}", self.name);
         let transport = |e: reqwest::Error| {
@@ -391,7 +386,12 @@ fn pool_snapshot(
     let mut snap = assemble(&pool.members, &values, |m, _| ages.get(m).copied().unwrap_or_default());
     snap.failures = failures;
     for (member, _) in props_errors {
-        snap.rejected.push(Rejected { member, signal: Signal::Slots, reason: "props_unreadable", value: f64::NAN });
+        snap.rejected.push(Rejected {
+            member,
+            signal: Signal::Slots,
+            reason: "props_unreadable",
+            value: f64::NAN,
+        });
     }
     Ok(snap)
 }

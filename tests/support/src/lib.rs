@@ -5,6 +5,7 @@
 //! `tools` feature (the root crate's tests), helpers for the proxy and the simulated fleet too.
 
 pub mod bigip;
+pub mod controller;
 pub mod envoy;
 pub mod haproxy;
 pub mod kube;

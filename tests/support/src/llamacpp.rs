@@ -97,10 +97,7 @@ impl LlamaServer {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| {
-                panic!(
-                    "start {} ({e}); run tests/llamacpp/install.sh or set LLAMA_SERVER",
-                    bin.display()
-                )
+                panic!("start {} ({e}); run tests/llamacpp/install.sh or set LLAMA_SERVER", bin.display())
             });
         let mut s = LlamaServer { child, port, slots: o.slots, log_path, _dir: dir };
         s.wait_ready().await;
@@ -158,4 +155,136 @@ impl Drop for LlamaServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// What a closed-loop run measured.
+#[derive(Debug, Clone, Default)]
+pub struct LoadStats {
+    /// Time to the first streamed token of each completed request, sorted.
+    pub ttft: Vec<Duration>,
+    pub completed: usize,
+    pub failed: usize,
+    pub tokens: usize,
+    pub wall: Duration,
+}
+
+impl LoadStats {
+    /// The `q` quantile (0..=1) of TTFT, nearest rank.
+    pub fn ttft_quantile(&self, q: f64) -> Duration {
+        if self.ttft.is_empty() {
+            return Duration::MAX;
+        }
+        let i = ((q * self.ttft.len() as f64).ceil() as usize).clamp(1, self.ttft.len()) - 1;
+        self.ttft[i]
+    }
+
+    pub fn tokens_per_second(&self) -> f64 {
+        self.tokens as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+}
+
+/// A prompt of about `words` words, different for each `(seed, n)`, so no two requests share a
+/// prefix longer than the template's and the prompt cache does not make them free.
+pub fn prompt(seed: u64, n: u64, words: usize) -> String {
+    const WORDS: &[&str] = &[
+        "river", "stone", "cloud", "engine", "garden", "winter", "copper", "signal", "harbor", "lantern",
+        "meadow", "orbit", "pepper", "quartz", "saddle", "timber", "velvet", "willow", "yarrow", "zephyr",
+    ];
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut out = format!("Request {n}:");
+    for _ in 0..words {
+        // xorshift: cheap, seeded, good enough to vary words.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.push(' ');
+        out.push_str(WORDS[(x % WORDS.len() as u64) as usize]);
+    }
+    out
+}
+
+/// `clients` closed-loop clients, each sending streaming `/v1/completions` of `tokens` tokens
+/// (`ignore_eos`) to `base_url` one after the other for `duration`; requests still running at the
+/// end are finished and counted. TTFT is the time to the first chunk that carries text.
+pub async fn closed_loop(
+    base_url: &str,
+    clients: usize,
+    tokens: u32,
+    duration: Duration,
+    seed: u64,
+) -> LoadStats {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("client");
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (client, url) = (client.clone(), format!("{base_url}/v1/completions"));
+        tasks.push(tokio::spawn(async move {
+            let mut stats = LoadStats::default();
+            let mut n = 0u64;
+            while start.elapsed() < duration {
+                n += 1;
+                let body = serde_json::json!({
+                    "prompt": prompt(seed ^ c as u64, n, 40),
+                    "max_tokens": tokens,
+                    "ignore_eos": true,
+                    "stream": true,
+                    "temperature": 1.0,
+                    "seed": n,
+                });
+                match one_stream(&client, &url, &body).await {
+                    Some((ttft, got)) => {
+                        stats.ttft.push(ttft);
+                        stats.completed += 1;
+                        stats.tokens += got;
+                    }
+                    None => stats.failed += 1,
+                }
+            }
+            stats
+        }));
+    }
+    let mut all = LoadStats::default();
+    for t in tasks {
+        let s = t.await.expect("client task");
+        all.ttft.extend(s.ttft);
+        all.completed += s.completed;
+        all.failed += s.failed;
+        all.tokens += s.tokens;
+    }
+    all.wall = start.elapsed();
+    all.ttft.sort();
+    all
+}
+
+/// One streamed completion: its TTFT and the number of text chunks, or `None` if it failed or ended
+/// without `[DONE]`.
+async fn one_stream(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> Option<(Duration, usize)> {
+    let sent = Instant::now();
+    let mut resp = client.post(url).json(body).send().await.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let (mut ttft, mut chunks, mut done, mut buf) = (None, 0usize, false, String::new());
+    while let Some(bytes) = resp.chunk().await.ok()? {
+        buf.push_str(&String::from_utf8_lossy(&bytes));
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            let Some(data) = event.trim().strip_prefix("data: ") else { continue };
+            if data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(data).ok()?;
+            let text = v["choices"][0]["text"].as_str().unwrap_or_default();
+            if !text.is_empty() {
+                ttft.get_or_insert_with(|| sent.elapsed());
+                chunks += 1;
+            }
+        }
+    }
+    done.then_some((ttft?, chunks))
 }

@@ -1,0 +1,338 @@
+//! The controller on a real inference engine: llama.cpp's `llama-server` (CPU, a seeded
+//! random-weight model; `tests/llamacpp/install.sh`), started on free ports with different slot
+//! counts. Checked against it: what the `llamacpp` profile reads (by scrape and through a real
+//! Prometheus), the weights it pushes into a real HAProxy, a real Envoy and the reference proxy, the
+//! TTFT those weights buy behind HAProxy's leastconn, and the queue rule.
+//!
+//! These tests measure time on a 2-core machine, so `.config/nextest.toml` runs this binary's
+//! tests alone, and every comparison is a ratio within one test run.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use llm_lc_adapters::MemberId;
+use llm_lc_testkit::controller::Running;
+use llm_lc_testkit::haproxy::{standard_config, Haproxy};
+use llm_lc_testkit::llamacpp::{closed_loop, LlamaServer, LoadStats};
+use llm_lc_testkit::prometheus::Prometheus;
+use llm_lc_testkit::wait;
+use llm_load_controller::config::{JoinConfig, PrometheusConfig, ScrapeConfig};
+use llm_load_controller::source::profile::{promql, ProfileName, QueryOverrides};
+use llm_load_controller::source::prometheus::PrometheusSource;
+use llm_load_controller::source::scrape::ScrapeSource;
+use llm_load_controller::source::{Join, PoolQuery, Sample, Snapshot};
+
+const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
+
+fn bin() -> &'static Path {
+    Path::new(BIN)
+}
+
+/// Keep `n` long completions in flight on `server`, straight to it (not through any LB), until the
+/// returned guard is dropped: load the LB does not see.
+fn occupy(server: &LlamaServer, n: usize, tokens: u32) -> tokio::task::JoinHandle<LoadStats> {
+    let url = server.url();
+    tokio::spawn(async move { closed_loop(&url, n, tokens, Duration::from_secs(3600), 99).await })
+}
+
+fn pool_query(members: &[&LlamaServer], names_from: ProfileName) -> PoolQuery {
+    let mut members: Vec<MemberId> = members.iter().map(|s| MemberId::from(s.addr().as_str())).collect();
+    members.sort();
+    PoolQuery {
+        members,
+        names: names_from.metric_names(),
+        queries: vec![],
+        join: Join::new(&JoinConfig::default()).expect("join"),
+        labels: None,
+        slots: Default::default(),
+    }
+}
+
+fn sample<'a>(snap: &'a Snapshot, s: &LlamaServer) -> Option<&'a Sample> {
+    snap.members.get(&MemberId::from(s.addr().as_str())).and_then(|x| x.as_ref())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_llamacpp_profile_reads_a_real_server_by_scrape() {
+    let (big, small) = tokio::join!(LlamaServer::start(4), LlamaServer::start(1));
+    let cfg: ScrapeConfig = serde_yaml_ng::from_str("{}").expect("scrape config");
+    let source = ScrapeSource::new("test", &cfg).expect("source");
+    let pool = pool_query(&[&big, &small], ProfileName::Llamacpp);
+    // Three long completions on the 1-slot server: one runs, two wait (llama.cpp: deferred).
+    let load = occupy(&small, 3, 2000);
+    let snap = wait::until(Duration::from_secs(30), "the small server to show its queue", || async {
+        let snap = source.sample(&[&pool]).await.remove(0).ok()?;
+        let s = sample(&snap, &small)?;
+        (s.running == 1.0 && s.waiting >= 2.0).then_some(snap)
+    })
+    .await;
+    let (b, s) = (sample(&snap, &big).expect("big"), sample(&snap, &small).expect("small"));
+    assert_eq!((b.slots, s.slots), (Some(4.0), Some(1.0)), "slots from GET /props");
+    assert_eq!((b.waiting, b.running, b.kv_usage), (0.0, 0.0, None));
+    load.abort();
+    // Speed comes from the counters, which move when requests end: a few short ones, two cycles.
+    let short = closed_loop(&big.url(), 2, 16, Duration::from_millis(300), 1).await;
+    assert!(short.completed >= 2 && short.failed == 0, "{short:?}");
+    let snap = source.sample(&[&pool]).await.remove(0).expect("snapshot");
+    let _ = closed_loop(&big.url(), 2, 16, Duration::from_millis(300), 2).await;
+    let snap2 = source.sample(&[&pool]).await.remove(0).expect("snapshot");
+    let t = sample(&snap2, &big).and_then(|s| s.token_time).expect("time per generated token");
+    assert!(t > 1e-4 && t < 1.0, "seconds per generated token on a tiny model: {t}");
+    assert!(sample(&snap2, &big).and_then(|s| s.prompt_cached).is_some_and(|c| (0.0..=1.0).contains(&c)));
+    drop(snap);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_llamacpp_profile_reads_real_servers_through_real_prometheus() {
+    let (big, small) = tokio::join!(LlamaServer::start(4), LlamaServer::start(1));
+    let prom = Prometheus::start("llama", &[big.addr(), small.addr()]).await;
+    let cfg: PrometheusConfig =
+        serde_yaml_ng::from_str(&format!("{{url: '{}', rate_window: 10s}}", prom.url())).expect("config");
+    let source = PrometheusSource::new("prom", &cfg).expect("source");
+    let mut pool = pool_query(&[&big, &small], ProfileName::Llamacpp);
+    pool.queries = promql(
+        &pool.names,
+        &QueryOverrides::default(),
+        "instance",
+        Some("job=\"llama\""),
+        Duration::from_secs(10),
+    );
+    pool.slots = serde_yaml_ng::from_str(&format!("{{default: 4, members: {{'{}': 1}}}}", small.addr()))
+        .expect("slots");
+    let load = occupy(&small, 3, 2000);
+    let big_url = big.url();
+    let busy = closed_loop(&big_url, 2, 24, Duration::from_secs(3), 3);
+    let (busy, snap) = tokio::join!(
+        busy,
+        wait::until(Duration::from_secs(30), "Prometheus to show the queue and the speed", || async {
+            let snap = source.sample(&[&pool]).await.remove(0).ok()?;
+            let (b, s) = (sample(&snap, &big)?, sample(&snap, &small)?);
+            (s.waiting >= 2.0 && s.running == 1.0 && b.token_time.is_some()).then_some(snap)
+        })
+    );
+    load.abort();
+    assert!(busy.completed > 0);
+    let (b, s) = (sample(&snap, &big).expect("big"), sample(&snap, &small).expect("small"));
+    assert_eq!((b.slots, s.slots), (Some(4.0), Some(1.0)), "slots from the pool's config");
+    assert!(b.token_time.is_some_and(|t| t > 1e-4 && t < 1.0), "{b:?}");
+    assert!(b.age < Duration::from_secs(5), "one scrape interval old: {b:?}");
+}
+
+/// A HAProxy backend `llm` over the servers, `balance leastconn`, equal weights to start.
+async fn haproxy_over(servers: &[&LlamaServer]) -> Haproxy {
+    let lines: String = servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| format!("    server s{i} {} weight 100\n", s.addr()))
+        .collect();
+    Haproxy::start(&standard_config(&format!(
+        "backend llm\n    balance leastconn\n{lines}\nfrontend fe\n    bind 127.0.0.1:{{{{PORT:fe}}}}\n    \
+         timeout client 120s\n    default_backend llm\n"
+    )))
+    .await
+}
+
+fn controller_config(servers: &[&LlamaServer], sink: &str) -> String {
+    let members: Vec<String> = servers.iter().map(|s| format!("'{}'", s.addr())).collect();
+    format!(
+        "sources:\n  direct: {{kind: scrape}}\npools:\n  - name: llm\n    source: direct\n    profile: llamacpp\n    \
+         members: {{static: [{}]}}\n    sink: {sink}\n",
+        members.join(", ")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_real_haproxy_leastconn_the_slots_set_the_weights_and_cut_ttft() {
+    let (big, small) = tokio::join!(LlamaServer::start(4), LlamaServer::start(1));
+    let h = haproxy_over(&[&big, &small]).await;
+    let lb = format!("http://127.0.0.1:{}", h.port("fe"));
+    // Five closed-loop clients, 128 tokens each: equal weights first.
+    let run = || closed_loop(&lb, 5, 128, Duration::from_secs(12), 7);
+    let equal = run().await;
+    let ctl = Running::start(
+        bin(),
+        "1s",
+        &controller_config(
+            &[&big, &small],
+            &format!("{{kind: haproxy, address: '{}', backend: llm}}", h.runtime_address()),
+        ),
+    );
+    let weights = wait::until(Duration::from_secs(30), "the controller's weights in HAProxy", || async {
+        let w = h.state_weights("llm").await;
+        let (b, s) = (w["s0"], w["s1"]);
+        (b != 100 || s != 100).then_some((b, s))
+    })
+    .await;
+    assert!(
+        weights.0 >= 2 * weights.1,
+        "the 4-slot server gets at least twice the weight: {weights:?}\n{}",
+        ctl.log()
+    );
+    let weighted = run().await;
+    let (p90_equal, p90_weighted) = (equal.ttft_quantile(0.9), weighted.ttft_quantile(0.9));
+    println!(
+        "equal weights: TTFT p90 {p90_equal:?} p99 {:?} ({} requests, {:.0} tok/s); controller {weights:?}: \
+         p90 {p90_weighted:?} p99 {:?} ({} requests, {:.0} tok/s)",
+        equal.ttft_quantile(0.99),
+        equal.completed,
+        equal.tokens_per_second(),
+        weighted.ttft_quantile(0.99),
+        weighted.completed,
+        weighted.tokens_per_second()
+    );
+    assert_eq!((equal.failed, weighted.failed), (0, 0));
+    assert!(
+        p90_weighted.as_secs_f64() <= 0.5 * p90_equal.as_secs_f64(),
+        "TTFT p90 {p90_weighted:?} with the controller against {p90_equal:?} with equal weights"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_from_load_the_lb_does_not_see_ranks_the_member_below_free_room_at_once_and_persists() {
+    // Two equal servers; one is kept full and queued by clients that talk to it directly.
+    let (a, b) = tokio::join!(LlamaServer::start(2), LlamaServer::start(2));
+    let load = occupy(&a, 4, 4000);
+    let cfg = format!("{}\n", controller_config(&[&a, &b], "{kind: dry-run}"));
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, format!("interval: 1s\n{cfg}")).expect("config");
+    let once = wait::until(Duration::from_secs(30), "a dry run that sees the queue", || {
+        let path = path.clone();
+        async move {
+            let out = Command::new(BIN)
+                .args(["run", "--dry-run", "--once", "--output", "json", "--config"])
+                .arg(&path)
+                .output()
+                .ok()?;
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let members = v["pools"][0]["members"].as_array()?.clone();
+            members.iter().any(|m| m["waiting"].as_f64() >= Some(1.0)).then_some(members)
+        }
+    })
+    .await;
+    let ratio_of = |members: &[serde_json::Value], s: &LlamaServer| {
+        members
+            .iter()
+            .find(|m| m["member"] == s.addr().as_str())
+            .and_then(|m| m["ratio"].as_u64())
+            .expect("ratio")
+    };
+    assert!(ratio_of(&once, &b) > ratio_of(&once, &a), "first cycle: {once:?}");
+    // Run on: the queue persists, the idle member ends with at least 1.5x the queued one's ratio.
+    let ctl = Running::start(bin(), "1s", &cfg);
+    let ratios: BTreeMap<String, u64> =
+        wait::until(Duration::from_secs(45), "the idle member at 1.5x", || async {
+            let r = ctl.ratios("llm").await?;
+            (r.get(&b.addr())? * 2 >= r.get(&a.addr())? * 3).then_some(r)
+        })
+        .await;
+    load.abort();
+    assert!(ratios[&b.addr()] > ratios[&a.addr()], "{ratios:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_envoy_least_request_gets_the_slot_weights() {
+    use llm_lc_testkit::envoy::Envoy;
+    let (big, small) = tokio::join!(LlamaServer::start(4), LlamaServer::start(1));
+    let ctl =
+        Running::start(bin(), "1s", &controller_config(&[&big, &small], "{kind: envoy, cluster: vllm}"));
+    let envoy = Envoy::start_shipped_eds(ctl.listen()).await;
+    let w = wait::until(Duration::from_secs(30), "Envoy to hold the controller's weights", || async {
+        let want = ctl.ratios("llm").await?;
+        let have = envoy.weights("vllm").await?;
+        let have: BTreeMap<String, u64> = have.into_iter().map(|(k, v)| (k, u64::from(v))).collect();
+        (have == want && want.len() == 2).then_some(have)
+    })
+    .await;
+    assert!(w[&big.addr()] >= 2 * w[&small.addr()], "{w:?}\n{}", ctl.log());
+    // Traffic through Envoy's listener reaches the real servers and streams.
+    let port = envoy.listener_port("inference").await.expect("listener");
+    let through = closed_loop(&format!("http://127.0.0.1:{port}"), 3, 16, Duration::from_secs(2), 5).await;
+    assert!(through.completed >= 3 && through.failed == 0, "{through:?}\n{}", envoy.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_proxy_gets_the_slot_weights_by_webhook_and_routes_by_them() {
+    use llm_lc_testkit::proxy::start_proxy;
+    let (big, small) = tokio::join!(LlamaServer::start(4), LlamaServer::start(1));
+    let proxy = start_proxy(&format!(
+        "algorithm: weighted-least-request\npools:\n  - name: llm\n    members: ['{}', '{}']\nroutes:\n  steps:\n    \
+         - id: all\n      field: model\n      op: exists\n      match: {{ pool: llm }}\n      miss: {{ pool: llm }}\n",
+        big.addr(),
+        small.addr()
+    ))
+    .await;
+    let ctl = Running::start(
+        bin(),
+        "1s",
+        &controller_config(
+            &[&big, &small],
+            &format!("{{kind: webhook, url: 'http://{}/admin/ratios'}}", proxy.admin_addr()),
+        ),
+    );
+    let weights = wait::until(Duration::from_secs(30), "the proxy to hold the controller's ratios", || {
+        let view = proxy.pools();
+        let w: BTreeMap<String, u32> =
+            view[0].members.iter().map(|m| (m.member.to_string(), m.weight)).collect();
+        let ok = w.get(&big.addr()).zip(w.get(&small.addr())).is_some_and(|(b, s)| b != s);
+        async move { ok.then_some(w) }
+    })
+    .await;
+    assert!(weights[&big.addr()] >= 2 * weights[&small.addr()], "{weights:?}\n{}", ctl.log());
+    // Five clients through the proxy: the 1-slot server never queues more than a request or so.
+    let through = closed_loop(&format!("http://{}", proxy.addr()), 5, 64, Duration::from_secs(6), 9).await;
+    assert!(through.completed >= 5 && through.failed == 0, "{through:?}");
+    proxy.shutdown().await;
+}
+
+/// The comparison of the README's "On a real engine" (`tests/llamacpp/compare.sh` runs it): two
+/// llama-servers, 4 slots and 1, behind HAProxy leastconn; 5 closed-loop streaming clients, 128
+/// tokens, 20 s per row: equal weights, hand-set 4:1, then the controller (`profile: llamacpp`,
+/// defaults otherwise). Prints the table; asserts only that every row completed requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a 70 s measurement; tests/llamacpp/compare.sh runs it"]
+async fn real_engine_table() {
+    let secs: u64 = std::env::var("LLMLC_COMPARE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+    let (big, small) = tokio::join!(LlamaServer::start(4), LlamaServer::start(1));
+    let h = haproxy_over(&[&big, &small]).await;
+    let lb = format!("http://127.0.0.1:{}", h.port("fe"));
+    let run = |seed| closed_loop(&lb, 5, 128, Duration::from_secs(secs), seed);
+    let mut rows = vec![("equal (100/100)".to_string(), run(11).await)];
+    h.command("set server llm/s0 weight 200").await;
+    h.command("set server llm/s1 weight 50").await;
+    rows.push(("hand-set 4:1 (200/50)".to_string(), run(12).await));
+    h.command("set server llm/s0 weight 100").await;
+    h.command("set server llm/s1 weight 100").await;
+    let ctl = Running::start(
+        bin(),
+        "1s",
+        &controller_config(
+            &[&big, &small],
+            &format!("{{kind: haproxy, address: '{}', backend: llm}}", h.runtime_address()),
+        ),
+    );
+    let (b, s) = wait::until(Duration::from_secs(30), "the controller's weights", || async {
+        let w = h.state_weights("llm").await;
+        (w["s0"] != 100 || w["s1"] != 100).then_some((w["s0"], w["s1"]))
+    })
+    .await;
+    rows.push((format!("controller, `profile: llamacpp` ({b}/{s})"), run(13).await));
+    let (_, equal) = &rows[0];
+    let base = equal.ttft_quantile(0.9).as_secs_f64();
+    println!(
+        "\n| weights | TTFT p90 | TTFT p99 | vs equal (p90) | requests | tok/s |\n|---|---|---|---|---|---|"
+    );
+    for (name, st) in &rows {
+        println!(
+            "| {name} | {:.0} ms | {:.0} ms | {:.2}x | {} | {:.0} |",
+            st.ttft_quantile(0.9).as_secs_f64() * 1e3,
+            st.ttft_quantile(0.99).as_secs_f64() * 1e3,
+            st.ttft_quantile(0.9).as_secs_f64() / base,
+            st.completed,
+            st.tokens_per_second()
+        );
+        assert!(st.completed > 0 && st.failed == 0, "{name}: {st:?}\n{}", ctl.log());
+    }
+}
