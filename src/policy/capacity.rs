@@ -138,6 +138,8 @@ pub const SATURATION_QUEUE_NORM: f64 = 256.0;
 const QUEUED_SHARE: f64 = 0.9;
 /// How much a queue as long as the member's capacity weighs in the queue rule's cut.
 const QUEUE_WEIGHT: f64 = 2.0;
+/// Requests' worth of the pool's memory reading the queue rule pulls each member's toward.
+const SHRINK_REQUESTS: f64 = 8.0;
 /// Fewer running requests than this say too little about a server's capacity.
 const MIN_RUNNING: f64 = 4.0;
 /// Below this memory use `running / usage` is mostly rounding.
@@ -173,7 +175,7 @@ struct Member {
     /// Time since the member was last seen memory-bound; `None`: not seen so.
     since_full: Option<std::time::Duration>,
     /// The queue rule's cut (see [`queue_rule`]): set on the first reading of a member that
-    /// queues beside one with room, kept while later readings confirm it, given back otherwise.
+    /// queues beside one with room, kept while later readings confirm it, dropped otherwise.
     queue_cut: Option<f64>,
 }
 
@@ -355,7 +357,8 @@ impl Capacity {
             };
             next.push(base[i] * m.trim * h);
         }
-        queue_rule(&mut next, &mut state, &samples, &ks, p.trim_max);
+        let sizes = judged_sizes(&base, &ks, &samples);
+        queue_rule(&mut next, &sizes, &mut state, &samples, &ks, p.trim_max);
         // The trims are relative: keep their geometric mean at 1 so they cannot drift together.
         let log_mean = state.iter().map(|m| m.trim.ln()).sum::<f64>() / n as f64;
         for m in &mut state {
@@ -422,13 +425,13 @@ fn has_room(s: &Sample, k: f64) -> bool {
 /// The queue rule, in every mode and from the first cycle: a request sent to a member that
 /// queues waits, one sent to a member with room starts at once. On a member's first reading the
 /// policy has nothing but that reading, so it takes it as a judgement: a member that shows waiting
-/// requests while another has room gets less than the smallest ratio of a member with room
-/// (`QUEUED_SHARE` of it, less the longer its queue is against its capacity:
+/// requests while another has room gets less than a member with room of its size would
+/// ([`judged_sizes`]; `QUEUED_SHARE` of it, less the longer its queue is against its capacity:
 /// `1 / (1 + QUEUE_WEIGHT x waiting / K)`, which also ranks the queued members among themselves).
 /// The cut holds while each new reading confirms it (still queued, another member with room) and
-/// is given back otherwise, half of it per 15 s of readings, never to return: a queue that
-/// persists beside room is then cut further by the trim (the queued member is at full
-/// utilization), a passing one costs nothing.
+/// ends with the first reading that does not, never to return: a queue that persists beside room
+/// is then cut further by the trim (the queued member is at full utilization), a passing one
+/// costs nothing. (Giving it back over 15 s instead cost `ratio` 1.3x on long-context, seeds 1-3.)
 ///
 /// Only from a member's first reading, never armed later: applied afresh every cycle the rule is
 /// a proportional controller coupled across members, and it ran away in the benchmark (a big
@@ -436,27 +439,59 @@ fn has_room(s: &Sample, k: f64) -> bool {
 /// queued in turn: p99 5x-70x worse on the mem-only, heterogeneous and shared-backends fleets).
 /// Behind least-connections the LB sees queued requests itself; what it cannot see (load from
 /// elsewhere) is what the trim is for.
-fn queue_rule(next: &mut [f64], state: &mut [Member], samples: &[&Sample], k: &[f64], trim_max: f64) {
+fn queue_rule(
+    next: &mut [f64],
+    sizes: &[f64],
+    state: &mut [Member],
+    samples: &[&Sample],
+    k: &[f64],
+    trim_max: f64,
+) {
+    // What each member with room gets per unit of its judged size; the least of those.
     let room_min = (0..next.len())
         .filter(|&i| has_room(samples[i], k[i]))
-        .map(|i| next[i])
+        .map(|i| next[i] / sizes[i].max(1e-9))
         .fold(f64::INFINITY, f64::min);
     for i in 0..next.len() {
         let (s, m) = (samples[i], &mut state[i]);
         let confirmed = s.waiting >= 1.0 && room_min.is_finite() && next[i] > 0.0;
         m.queue_cut = match (m.queue_cut, m.last.is_none()) {
             (_, true) if confirmed => {
-                let cap = room_min * QUEUED_SHARE / (1.0 + QUEUE_WEIGHT * s.waiting / k[i]);
+                let cap = sizes[i] * room_min * QUEUED_SHARE / (1.0 + QUEUE_WEIGHT * s.waiting / k[i]);
                 Some((cap / next[i]).clamp(1.0 / trim_max, 1.0))
             }
-            (Some(c), false) if !confirmed && m.trim_weight > 0.0 => {
-                let c = c + (1.0 - c) * 0.5 * m.trim_weight;
-                (c < 0.98).then_some(c)
-            }
+            // A new reading that does not confirm the cut ends it.
+            (Some(_), false) if !confirmed && m.trim_weight > 0.0 => None,
             (c, _) => c,
         };
         next[i] *= m.queue_cut.unwrap_or(1.0);
     }
+}
+
+/// How big the queue rule judges each member, relative to the others: its base ratio, with its
+/// memory reading pulled toward the pool's pooled one (all running over all KV usage) as if
+/// [`SHRINK_REQUESTS`] more requests had been seen at the pool's rate. A reading from few
+/// requests says little (4 requests at 10% say 40, the next 4 may say 80): against such a member,
+/// a queued one is judged as an equal. Servers that really differ show it with many requests, and
+/// the rule then never moves a big server's share onto a small one (done with raw sizes, it did:
+/// a big server with one waiting request dropped below one a third its size).
+fn judged_sizes(base: &[f64], k: &[f64], samples: &[&Sample]) -> Vec<f64> {
+    let (running, usage) = samples
+        .iter()
+        .filter_map(|s| Some((s.running, s.kv_usage?)))
+        .filter(|(r, kv)| *r >= MIN_RUNNING && *kv >= MIN_USAGE)
+        .fold((0.0, 0.0), |(r, u), (sr, su)| (r + sr, u + su));
+    let pooled = (usage > 0.0).then(|| running / usage);
+    (0..base.len())
+        .map(|i| match (pooled, samples[i].kv_usage) {
+            (Some(pool), Some(_)) => {
+                let r = samples[i].running;
+                let shrunk = (r * k[i] + SHRINK_REQUESTS * pool) / (r + SHRINK_REQUESTS);
+                base[i] * shrunk / k[i].max(1e-9)
+            }
+            _ => base[i],
+        })
+        .collect()
 }
 
 fn mean(v: &[f64]) -> Option<f64> {

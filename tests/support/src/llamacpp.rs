@@ -164,6 +164,8 @@ pub struct LoadStats {
     pub ttft: Vec<Duration>,
     pub completed: usize,
     pub failed: usize,
+    /// Why the first few failed requests failed.
+    pub errors: Vec<String>,
     pub tokens: usize,
     pub wall: Duration,
 }
@@ -213,7 +215,13 @@ pub async fn closed_loop(
     duration: Duration,
     seed: u64,
 ) -> LoadStats {
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("client");
+    // A new connection per request: llama-server closes idle keep-alive connections on its own
+    // schedule, and a request sent on one it just closed fails before reaching it.
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
     let start = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -232,12 +240,17 @@ pub async fn closed_loop(
                     "seed": n,
                 });
                 match one_stream(&client, &url, &body).await {
-                    Some((ttft, got)) => {
+                    Ok((ttft, got)) => {
                         stats.ttft.push(ttft);
                         stats.completed += 1;
                         stats.tokens += got;
                     }
-                    None => stats.failed += 1,
+                    Err(e) => {
+                        stats.failed += 1;
+                        if stats.errors.len() < 3 {
+                            stats.errors.push(e);
+                        }
+                    }
                 }
             }
             stats
@@ -249,6 +262,7 @@ pub async fn closed_loop(
         all.ttft.extend(s.ttft);
         all.completed += s.completed;
         all.failed += s.failed;
+        all.errors.extend(s.errors);
         all.tokens += s.tokens;
     }
     all.wall = start.elapsed();
@@ -256,20 +270,21 @@ pub async fn closed_loop(
     all
 }
 
-/// One streamed completion: its TTFT and the number of text chunks, or `None` if it failed or ended
-/// without `[DONE]`.
+/// One streamed completion: its TTFT and the number of text chunks, or why it failed (no answer,
+/// an error status, a chunk that is not JSON, an end without `[DONE]`).
 async fn one_stream(
     client: &reqwest::Client,
     url: &str,
     body: &serde_json::Value,
-) -> Option<(Duration, usize)> {
+) -> Result<(Duration, usize), String> {
     let sent = Instant::now();
-    let mut resp = client.post(url).json(body).send().await.ok()?;
+    let mut resp = client.post(url).json(body).send().await.map_err(|e| format!("send: {e}"))?;
     if !resp.status().is_success() {
-        return None;
+        let status = resp.status();
+        return Err(format!("HTTP {status}: {}", resp.text().await.unwrap_or_default()));
     }
     let (mut ttft, mut chunks, mut done, mut buf) = (None, 0usize, false, String::new());
-    while let Some(bytes) = resp.chunk().await.ok()? {
+    while let Some(bytes) = resp.chunk().await.map_err(|e| format!("read: {e}"))? {
         buf.push_str(&String::from_utf8_lossy(&bytes));
         while let Some(end) = buf.find("\n\n") {
             let event: String = buf.drain(..end + 2).collect();
@@ -278,7 +293,7 @@ async fn one_stream(
                 done = true;
                 continue;
             }
-            let v: serde_json::Value = serde_json::from_str(data).ok()?;
+            let v: serde_json::Value = serde_json::from_str(data).map_err(|e| format!("{e}: {data}"))?;
             let text = v["choices"][0]["text"].as_str().unwrap_or_default();
             if !text.is_empty() {
                 ttft.get_or_insert_with(|| sent.elapsed());
@@ -286,5 +301,9 @@ async fn one_stream(
             }
         }
     }
-    done.then_some((ttft?, chunks))
+    match (done, ttft) {
+        (true, Some(t)) => Ok((t, chunks)),
+        (false, _) => Err(format!("ended without [DONE] after {chunks} chunks")),
+        (true, None) => Err("no text".into()),
+    }
 }

@@ -22,6 +22,24 @@ where
     }
 }
 
+/// [`until`], with `why()` (what was seen last) in the panic message.
+pub async fn until_or<T, F, Fut>(timeout: Duration, what: &str, mut check: F, why: impl Fn() -> String) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}; {}", why());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Wait until something accepts TCP connections on `127.0.0.1:port`.
 pub async fn port_open(port: u16, timeout: Duration) {
     until(timeout, &format!("127.0.0.1:{port} to accept connections"), || async move {
