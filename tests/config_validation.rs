@@ -183,3 +183,36 @@ fn an_f5_pool_above_ratio_100_is_refused_unless_the_sink_opts_in() {
     let out = check(dir.path(), &f5(", max_ratio: 1000"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn slot_counts_are_checked_and_check_names_llamacpp_members_without_one() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // 0 and absurd counts are refused with the member named.
+    for (slots, says) in [
+        ("    slots: { default: 0 }\n", "pools[0].slots.default"),
+        ("    slots: { members: { '10.0.0.2:8000': 100000000 } }\n", "10.0.0.2:8000"),
+    ] {
+        let out = check(dir.path(), &base("", &format!("    profile: llamacpp\n{slots}"), MEMBERS));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{slots}: {err}");
+        assert!(err.contains(says) && err.contains("must be 1..="), "{slots}: {err}");
+    }
+    // Through Prometheus, a member without a count is named in the plan.
+    let out = check(
+        dir.path(),
+        &base("", "    profile: llamacpp\n    slots: { members: { '10.0.0.1:8000': 4 } }\n", MEMBERS),
+    );
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lacking = plan.split("without_slots:").nth(1).unwrap_or_default();
+    let lacking: Vec<&str> =
+        lacking.lines().skip(1).take_while(|l| l.trim_start().starts_with("- ")).collect();
+    assert_eq!(lacking.iter().map(|l| l.trim()).collect::<Vec<_>>(), ["- 10.0.0.2:8000"], "{plan}");
+    // By scrape the servers say it themselves (GET /props): nothing lacks.
+    let out = check(
+        dir.path(),
+        &base("", "    profile: llamacpp\n", MEMBERS).replace("    source: prom\n", "    source: direct\n"),
+    );
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && plan.contains("GET /props") && !plan.contains("without_slots"), "{plan}");
+}
