@@ -88,6 +88,9 @@ struct Track {
     adapter: Option<String>,
     /// When the engine first scheduled it: the start of its time in the running batch.
     scheduled: Option<Instant>,
+    prompt_tokens: u32,
+    /// When its first token came: the start of its generation time (llama-server's counters).
+    first_token: Option<Instant>,
 }
 
 struct Driver {
@@ -168,6 +171,8 @@ impl Driver {
                             last_token: None,
                             adapter: s.adapter,
                             scheduled: None,
+                            prompt_tokens: s.req.prompt_tokens,
+                            first_token: None,
                         };
                         self.reqs.insert(id, t);
                     }
@@ -243,6 +248,12 @@ impl Driver {
                             end.saturating_duration_since(t.arrived).as_secs_f64() * self.time_scale;
                         if first {
                             obs.requests.ttft.observe(since_arrival);
+                            let llama = &mut obs.requests.llama;
+                            llama.prompt_tokens += u64::from(t.prompt_tokens);
+                            let began = t.scheduled.unwrap_or(t.arrived);
+                            llama.prompt_s +=
+                                end.saturating_duration_since(began).as_secs_f64() * self.time_scale;
+                            t.first_token = Some(end);
                         } else if let Some(prev) = t.last_token {
                             obs.requests
                                 .itl
@@ -251,8 +262,14 @@ impl Driver {
                         t.last_token = Some(end);
                         // A client that went away is aborted by its handler's guard; ignore send errors.
                         let _ = t.tx.send(Out::Token { finish });
-                        if let Some((_, reason)) = finish {
+                        if let Some((output_tokens, reason)) = finish {
                             obs.requests.e2e.observe(since_arrival);
+                            let llama = &mut obs.requests.llama;
+                            llama.predicted_tokens += u64::from(output_tokens);
+                            if let Some(at) = t.first_token {
+                                llama.predicted_s +=
+                                    end.saturating_duration_since(at).as_secs_f64() * self.time_scale;
+                            }
                             if let Some(at) = t.scheduled {
                                 obs.requests.inference.observe(
                                     end.saturating_duration_since(at).as_secs_f64() * self.time_scale,

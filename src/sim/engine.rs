@@ -16,7 +16,8 @@
 //!   queue, and on re-admission it prefills prompt + the tokens it already produced, then goes on.
 //!   No admission happens in a step that preempted (as vLLM does).
 //! - Step time: `(overhead + prefill_token*prefill_tokens + seq*seqs + kv_token*kv_read) / speed`
-//!   with the coefficients of the [`ModelProfile`] and a per-replica speed factor.
+//!   with the coefficients of the [`ModelProfile`] and a per-replica speed factor (a profile may
+//!   price the batch from a measured table instead of `overhead + seq*seqs`).
 //!
 //! API, in the order a driver uses it:
 //! - [`Engine::new`]`(&profile, speed)`, [`Engine::set_speed`], [`Engine::set_token_events`]
@@ -137,6 +138,8 @@ pub struct EngineStats {
     pub steps: u64,
     /// Sum of step durations, seconds: the engine's busy time.
     pub busy_s: f64,
+    /// Sum of the batch sizes of those steps (mean batch = this / `steps`).
+    pub busy_seq_steps: u64,
 }
 
 /// Why a request was refused; the server turns these into vLLM's 400 answers.
@@ -181,10 +184,8 @@ pub struct Engine {
     max_model_len: u32,
     num_gpu_blocks: u32,
     watermark_blocks: u32,
-    overhead_s: f64,
-    prefill_token_s: f64,
-    seq_s: f64,
-    kv_token_s: f64,
+    /// The profile's step costs (batch, prompt tokens, KV reads).
+    cost: ModelProfile,
     speed: f64,
     token_events: bool,
 
@@ -216,10 +217,7 @@ impl Engine {
             max_model_len: profile.max_model_len,
             num_gpu_blocks: profile.num_gpu_blocks,
             watermark_blocks: profile.watermark_blocks(),
-            overhead_s: profile.step_overhead_s,
-            prefill_token_s: profile.prefill_token_s,
-            seq_s: profile.seq_s,
-            kv_token_s: profile.kv_token_s,
+            cost: profile.clone(),
             speed: 1.0,
             token_events: true,
             slots: Vec::new(),
@@ -435,13 +433,22 @@ impl Engine {
             info.kv_tokens_read += u64::from(seq.computed + new);
         }
         info.batch_size = self.sched.len() as u32;
-        let cost = self.overhead_s
-            + self.prefill_token_s * f64::from(info.prefill_tokens)
-            + self.seq_s * f64::from(info.batch_size)
-            + self.kv_token_s * info.kv_tokens_read as f64;
+        let c = &self.cost;
+        let (prefill, kv) = (f64::from(info.prefill_tokens), info.kv_tokens_read as f64);
+        // Summed in the same order as before the table existed, so linear profiles give the
+        // same floats to the last bit (the bench's tables are compared byte for byte).
+        let cost = if c.batch_step_s.is_empty() {
+            c.step_overhead_s
+                + c.prefill_token_s * prefill
+                + c.seq_s * f64::from(info.batch_size)
+                + c.kv_token_s * kv
+        } else {
+            c.batch_cost_s(info.batch_size) + c.prefill_token_s * prefill + c.kv_token_s * kv
+        };
         info.duration_s = cost / self.speed;
         self.stats.steps += 1;
         self.stats.busy_s += info.duration_s;
+        self.stats.busy_seq_steps += u64::from(info.batch_size);
 
         // 4. Effects at the end of the step.
         let mut any_finished = false;

@@ -80,11 +80,22 @@ pub struct ReplicaConfig {
     pub models: Vec<String>,
     /// LoRA adapters this replica serves (requests name them as the model).
     pub lora_adapters: Vec<String>,
+    /// Batch limit of this replica instead of the profile's, with the cache scaled to match, as
+    /// llama-server's `--parallel` ([`ModelProfile::with_slots`]).
+    pub slots: Option<u32>,
 }
 
 impl ReplicaConfig {
     pub fn with_speed(speed: f64) -> Self {
-        ReplicaConfig { speed, models: Vec::new(), lora_adapters: Vec::new() }
+        ReplicaConfig { speed, models: Vec::new(), lora_adapters: Vec::new(), slots: None }
+    }
+
+    /// The profile this replica runs: the fleet's, with its own slot count.
+    pub fn profile(&self, fleet: &ModelProfile) -> ModelProfile {
+        match self.slots {
+            Some(n) => fleet.clone().with_slots(n),
+            None => fleet.clone(),
+        }
     }
 }
 
@@ -138,6 +149,16 @@ impl FleetConfig {
         }
         for (i, r) in self.replicas.iter().enumerate() {
             check_speed(r.speed).map_err(|e| SimError::Invalid(format!("replica {i}: {e}")))?;
+            if r.slots.is_some() {
+                let p = r.profile(&self.profile);
+                if p.max_num_seqs == 0 || p.max_num_seqs > 4096 {
+                    return Err(SimError::Invalid(format!(
+                        "replica {i}: {} slots; give 1 to 4096",
+                        p.max_num_seqs
+                    )));
+                }
+                p.validate()?;
+            }
             if r.models.iter().chain(&r.lora_adapters).any(|m| m.trim().is_empty()) {
                 return Err(SimError::Invalid(format!(
                     "replica {i}: model and adapter names must not be empty"
@@ -257,16 +278,17 @@ pub async fn start_fleet(cfg: FleetConfig) -> Result<Fleet, SimError> {
     for (i, (rc, l)) in cfg.replicas.iter().zip(&listeners).enumerate() {
         let addr =
             l.local_addr().map_err(|source| SimError::Bind { addr: SocketAddr::new(cfg.host, 0), source })?;
-        let engine = Engine::new(&cfg.profile, rc.speed)?;
+        let profile = rc.profile(&cfg.profile);
+        let engine = Engine::new(&profile, rc.speed)?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let lora_slots = (!rc.lora_adapters.is_empty()).then_some(rc.lora_adapters.len() as u32);
-        let observed = Arc::new(Mutex::new(Observed::new(rc.speed, cfg.profile.num_gpu_blocks, lora_slots)));
+        let observed = Arc::new(Mutex::new(Observed::new(rc.speed, profile.num_gpu_blocks, lora_slots)));
         let driver =
-            tokio::spawn(driver::drive(cfg.profile.clone(), engine, cfg.time_scale, rx, observed.clone()));
-        let models = if rc.models.is_empty() { vec![cfg.profile.model.clone()] } else { rc.models.clone() };
+            tokio::spawn(driver::drive(profile.clone(), engine, cfg.time_scale, rx, observed.clone()));
+        let models = if rc.models.is_empty() { vec![profile.model.clone()] } else { rc.models.clone() };
         let replica = Arc::new(Replica {
             index: i,
-            profile: cfg.profile.clone(),
+            profile,
             models,
             adapters: rc.lora_adapters.clone(),
             style: cfg.metrics_style,

@@ -43,13 +43,15 @@ pub struct SimArgs {
     /// missing ones are 1.
     #[arg(long, value_delimiter = ',')]
     pub speeds: Vec<f64>,
-    /// Model/GPU profile: llama-8b-h100 or tiny.
+    /// Model/GPU profile: llama-8b-h100, llamacpp-cpu (llama.cpp on a CPU; use with
+    /// `--metrics-style llamacpp`) or tiny.
     #[arg(long, default_value = "llama-8b-h100")]
     pub profile: String,
     /// Run K times faster than real time (latency metrics still show model time).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
-    /// Metric names to expose: vllm (v1), vllm-legacy (before 0.11) or sglang.
+    /// Metric names to expose: vllm (v1), vllm-legacy (before 0.11), sglang or llamacpp (which
+    /// also serves `GET /props`).
     #[arg(long, value_enum, default_value_t = MetricsStyle::Vllm)]
     pub metrics_style: MetricsStyle,
     /// Served model name: one for every replica, or one per replica, comma-separated; `a|b` gives
@@ -68,6 +70,10 @@ pub struct SimArgs {
     /// Spread (sigma of the log) of those output lengths.
     #[arg(long, default_value_t = 0.8)]
     pub output_sigma: f64,
+    /// Slots (batch limit) per replica, comma-separated, as llama-server's `--parallel`: each
+    /// brings its own context; missing ones keep the profile's.
+    #[arg(long, value_delimiter = ',')]
+    pub slots: Vec<u32>,
     /// Seed of fault injection and output lengths.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -88,6 +94,9 @@ pub fn fleet_config(args: &SimArgs) -> Result<FleetConfig, SimError> {
             args.models.len()
         )));
     }
+    if args.slots.len() > n {
+        return Err(SimError::Invalid(format!("--slots has {} values for {n} replicas", args.slots.len())));
+    }
     if let Some(bad) = args.lora_replicas.iter().find(|&&i| i >= n) {
         return Err(SimError::Invalid(format!("--lora-replicas names replica {bad}, but there are {n}")));
     }
@@ -104,6 +113,7 @@ pub fn fleet_config(args: &SimArgs) -> Result<FleetConfig, SimError> {
         if let Some(m) = args.models.get(if args.models.len() == 1 { 0 } else { i }) {
             r.models = m.split('|').map(|s| s.trim().to_string()).collect();
         }
+        r.slots = args.slots.get(i).copied();
         if args.lora_replicas.is_empty() || args.lora_replicas.contains(&i) {
             r.lora_adapters = args.lora.iter().map(|s| s.trim().to_string()).collect();
         }

@@ -1,6 +1,6 @@
 //! Pure `/metrics` renderer: engine gauges + request histograms -> Prometheus text exposition.
 //!
-//! Three styles, matching what real servers print (text format 0.0.4, as Python's
+//! Four styles, matching what real servers print (text format 0.0.4, as Python's
 //! `prometheus_client` writes it: counters as `NAME_total` with a `NAME_created` gauge after them,
 //! floats like `1.0`, labels in declaration order):
 //! - [`MetricsStyle::Vllm`]: vLLM v1 (0.10+) names and labels `model_name`, `engine`;
@@ -11,6 +11,11 @@
 //! - [`MetricsStyle::Sglang`]: SGLang's `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
 //!   `sglang:token_usage`, ... with labels `model_name`, `engine_type`, `tp_rank`, `pp_rank`. Its
 //!   histogram buckets are approximated by vLLM's.
+//! - [`MetricsStyle::Llamacpp`]: llama.cpp `llama-server --metrics`: unlabelled gauges and counters
+//!   only (no `_created`, no histograms), `llamacpp:requests_processing` (busy slots),
+//!   `llamacpp:requests_deferred` (the queue), and the prompt and generation counters, which
+//!   llama-server adds to when a prompt is done (tokens and seconds of prompt processing) and when a
+//!   request ends (tokens and seconds of generation), as [`LlamaCounters`] keeps them.
 //!
 //! Buckets are vLLM's (`vllm/v1/metrics/loggers.py`).
 
@@ -47,6 +52,21 @@ pub enum MetricsStyle {
     VllmLegacy,
     /// SGLang.
     Sglang,
+    /// llama.cpp `llama-server` (also serves `GET /props` with its slot count).
+    Llamacpp,
+}
+
+/// llama-server's prompt and generation counters, in llama-server's units: tokens, and seconds
+/// of each slot's own wall time (a prompt's processing; a request's generation after its first
+/// token).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LlamaCounters {
+    pub prompt_tokens: u64,
+    /// Prompt tokens taken from the slot's cache instead of computed.
+    pub prompt_tokens_cached: u64,
+    pub prompt_s: f64,
+    pub predicted_tokens: u64,
+    pub predicted_s: f64,
 }
 
 /// A Prometheus histogram with fixed upper bounds.
@@ -106,6 +126,7 @@ pub struct RequestMetrics {
     pub inference: Histogram,
     /// Finished requests by reason: length, stop, abort.
     pub success: [u64; 3],
+    pub llama: LlamaCounters,
 }
 
 impl Default for RequestMetrics {
@@ -117,6 +138,7 @@ impl Default for RequestMetrics {
             queue: Histogram::new(REQUEST_LATENCY_BUCKETS),
             inference: Histogram::new(REQUEST_LATENCY_BUCKETS),
             success: [0; 3],
+            llama: LlamaCounters::default(),
         }
     }
 }
@@ -170,6 +192,7 @@ pub fn render(style: MetricsStyle, v: &MetricsView<'_>) -> String {
         MetricsStyle::Vllm => render_vllm(&mut w, v, false),
         MetricsStyle::VllmLegacy => render_vllm(&mut w, v, true),
         MetricsStyle::Sglang => render_sglang(&mut w, v),
+        MetricsStyle::Llamacpp => render_llamacpp(&mut w, v),
     }
     w.out
 }
@@ -346,6 +369,63 @@ fn render_sglang(w: &mut Writer, v: &MetricsView<'_>) {
     );
 }
 
+fn render_llamacpp(w: &mut Writer, v: &MetricsView<'_>) {
+    let (s, l) = (v.stats, &v.requests.llama);
+    let rows: [(&str, &str, &str, f64); 9] = [
+        (
+            "prompt_tokens_total",
+            "counter",
+            "Number of prompt tokens processed, excluding cached tokens",
+            l.prompt_tokens as f64,
+        ),
+        (
+            "prompt_tokens_cached_total",
+            "counter",
+            "Number of prompt tokens reused from the cache",
+            l.prompt_tokens_cached as f64,
+        ),
+        ("prompt_seconds_total", "counter", "Total time spent processing prompts", l.prompt_s),
+        (
+            "tokens_predicted_total",
+            "counter",
+            "Number of generation tokens processed",
+            l.predicted_tokens as f64,
+        ),
+        ("tokens_predicted_seconds_total", "counter", "Total time spent generating tokens", l.predicted_s),
+        ("n_decode_total", "counter", "Total number of llama_decode() calls", s.steps as f64),
+        ("requests_processing", "gauge", "Number of requests processing", s.running.into()),
+        ("requests_deferred", "gauge", "Number of requests deferred", s.waiting.into()),
+        (
+            "n_busy_slots_per_decode",
+            "gauge",
+            "Average number of busy slots per llama_decode() call",
+            busy_per_decode(s),
+        ),
+    ];
+    for (name, kind, help, value) in rows {
+        w.head(&format!("llamacpp:{name}"), help, kind);
+        let _ = writeln!(w.out, "llamacpp:{name} {}", plain(value));
+    }
+}
+
+/// Mean batch size over the steps so far (llama-server's `n_busy_slots_per_decode`).
+fn busy_per_decode(s: &EngineStats) -> f64 {
+    if s.steps == 0 {
+        0.0
+    } else {
+        s.busy_seq_steps as f64 / s.steps as f64
+    }
+}
+
+/// A number as llama-server prints it (C++ stream output): `56`, `0.051844`.
+fn plain(v: f64) -> String {
+    if v.is_finite() && v == v.trunc() && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        format!("{v}")
+    }
+}
+
 struct Writer {
     out: String,
     created: f64,
@@ -486,6 +566,32 @@ mod tests {
         assert!(sg.contains("sglang:token_usage{"), "{sg}");
         assert!(sg.contains("sglang:num_used_tokens{") && sg.contains("} 80.0\n"));
         assert!(!sg.contains("vllm:"));
+    }
+
+    #[test]
+    fn llamacpp_style_has_its_unlabelled_gauges_and_counters() {
+        let stats =
+            EngineStats { running: 4, waiting: 2, steps: 10, busy_seq_steps: 25, ..Default::default() };
+        let mut req = RequestMetrics::default();
+        req.llama = LlamaCounters {
+            prompt_tokens: 56,
+            prompt_s: 0.051844,
+            predicted_tokens: 128,
+            ..Default::default()
+        };
+        let text = render(MetricsStyle::Llamacpp, &view(&stats, &req, None));
+        for line in [
+            "llamacpp:requests_processing 4",
+            "llamacpp:requests_deferred 2",
+            "llamacpp:prompt_tokens_total 56",
+            "llamacpp:prompt_seconds_total 0.051844",
+            "llamacpp:tokens_predicted_total 128",
+            "llamacpp:n_busy_slots_per_decode 2.5",
+            "# TYPE llamacpp:tokens_predicted_seconds_total counter",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
+        assert!(!text.contains("vllm:") && !text.contains("_created") && !text.contains('{'));
     }
 
     #[test]

@@ -34,6 +34,14 @@
 //! - A slower GPU generation is `speed=0.5`: Lambda's vLLM benchmark reports H100 ~2x A100 on
 //!   both throughput and latency (LambdaLabsML/vllm-benchmark).
 //!
+//! [`ModelProfile::llamacpp_cpu`] is llama.cpp's `llama-server` serving the seeded random-weight
+//! tiny llama of `tests/llamacpp/` (4 layers, 256 wide, 32k vocabulary, F32) on one CPU thread of
+//! this class of machine: each slot is one sequence of the batch (`--parallel` = `max_num_seqs`,
+//! set per replica with [`ModelProfile::with_slots`]) with its own 1024 tokens of context (`-c`
+//! is the sum over the slots), and the whole prompt is one step (llama.cpp's `n_batch` 2048). Its
+//! step coefficients are measured on the real server, not chosen: `src/bench/RESULTS.md` ("The
+//! simulator against a real llama-server") has the measurement and the side-by-side check.
+//!
 //! [`ModelProfile::tiny`] is a small, fast profile for unit and HTTP tests: its numbers are chosen,
 //! not measured, so that queueing, preemption and saturation show up with a handful of requests.
 
@@ -41,6 +49,18 @@ use serde::{Deserialize, Serialize};
 
 /// Tokens per KV block (vLLM's default `block_size` on CUDA).
 pub const BLOCK_SIZE: u32 = 16;
+
+/// Context of one llama.cpp slot, tokens (the tests' `-c` is this times the slots).
+pub const LLAMACPP_CTX_PER_SLOT: u32 = 1024;
+// The random-weight tiny llama on one CPU thread, measured on the real server (RESULTS.md, "The
+// simulator against a real llama-server"): a decode step by batch size, from the per-request
+// `timings.predicted_ms / predicted_n` of 1-4 concurrent streaming 256-token requests (medians of
+// 8, two runs; streaming costs the server 2-8% over plain answers, and the checks stream), and
+// the prompt's cost per token from idle prompts of ~24 and ~410 tokens (the difference of their
+// `prompt_ms`; the step under it is the batch-1 step). Its 32k-entry output layer, computed for
+// every sequence in the batch, is most of a step; the prompt's tokens skip it.
+const LLAMACPP_BATCH_STEP_S: [f64; 4] = [1.60e-3, 2.89e-3, 4.34e-3, 3.29e-3];
+const LLAMACPP_PREFILL_TOKEN_S: f64 = 0.105e-3;
 
 /// Everything the engine model needs to know about one model on one GPU type.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,6 +87,12 @@ pub struct ModelProfile {
     pub seq_s: f64,
     /// Cost per token of KV read by attention, seconds.
     pub kv_token_s: f64,
+    /// Measured cost of one step by batch size (index 0 = one sequence), replacing
+    /// `overhead + seq x batch` where given: a CPU's batched matrix products are not linear in
+    /// the batch (llama.cpp on one thread runs a batch of 4 faster than one of 3). Past the end,
+    /// the last entry's cost per sequence.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch_step_s: Vec<f64>,
 }
 
 /// A profile that cannot run: the engine would reject every request or loop forever.
@@ -80,12 +106,13 @@ pub enum ProfileError {
 
 impl ModelProfile {
     /// Names accepted by [`ModelProfile::by_name`].
-    pub const NAMES: &'static [&'static str] = &["llama-8b-h100", "tiny"];
+    pub const NAMES: &'static [&'static str] = &["llama-8b-h100", "llamacpp-cpu", "tiny"];
 
     /// Look a built-in profile up by name.
     pub fn by_name(name: &str) -> Result<ModelProfile, ProfileError> {
         match name {
             "llama-8b-h100" => Ok(Self::llama_8b_h100()),
+            "llamacpp-cpu" => Ok(Self::llamacpp_cpu()),
             "tiny" => Ok(Self::tiny()),
             other => Err(ProfileError::Unknown(other.to_string())),
         }
@@ -105,7 +132,36 @@ impl ModelProfile {
             prefill_token_s: 35e-6,
             seq_s: 12e-6,
             kv_token_s: 45e-9,
+            batch_step_s: Vec::new(),
         }
+    }
+
+    /// llama.cpp's `llama-server` with the random-weight tiny llama on one CPU thread, one slot
+    /// (module doc; [`ModelProfile::with_slots`] for more).
+    pub fn llamacpp_cpu() -> ModelProfile {
+        ModelProfile {
+            name: "llamacpp-cpu".into(),
+            model: "random-llama-s1.gguf".into(),
+            max_model_len: LLAMACPP_CTX_PER_SLOT,
+            num_gpu_blocks: LLAMACPP_CTX_PER_SLOT / BLOCK_SIZE,
+            watermark: 0.0,
+            max_num_seqs: 1,
+            max_num_batched_tokens: 2048,
+            step_overhead_s: LLAMACPP_BATCH_STEP_S[0],
+            prefill_token_s: LLAMACPP_PREFILL_TOKEN_S,
+            seq_s: 0.0,
+            kv_token_s: 0.0,
+            batch_step_s: LLAMACPP_BATCH_STEP_S.to_vec(),
+        }
+    }
+
+    /// The same engine with `slots` slots, as `llama-server --parallel slots`: each slot brings
+    /// its own context, so the cache grows with them (`-c` is summed over the slots).
+    pub fn with_slots(mut self, slots: u32) -> ModelProfile {
+        let per_slot = self.num_gpu_blocks / self.max_num_seqs.max(1);
+        self.max_num_seqs = slots;
+        self.num_gpu_blocks = per_slot.saturating_mul(slots);
+        self
     }
 
     /// A small, fast profile for tests: 4096 tokens of KV, 8 sequences, 256-token steps.
@@ -122,6 +178,17 @@ impl ModelProfile {
             prefill_token_s: 20e-6,
             seq_s: 100e-6,
             kv_token_s: 200e-9,
+            batch_step_s: Vec::new(),
+        }
+    }
+
+    /// What the batch costs in a step, before prompt tokens and KV reads: the measured table
+    /// where there is one, else `overhead + seq x batch`.
+    pub fn batch_cost_s(&self, batch: u32) -> f64 {
+        match self.batch_step_s.len() {
+            0 => self.step_overhead_s + self.seq_s * f64::from(batch),
+            n if (batch as usize) <= n => self.batch_step_s[(batch.max(1) - 1) as usize],
+            n => self.batch_step_s[n - 1] / n as f64 * f64::from(batch),
         }
     }
 
@@ -156,6 +223,9 @@ impl ModelProfile {
         if coeffs.iter().any(|c| !c.is_finite() || *c < 0.0) || self.step_overhead_s <= 0.0 {
             return bad("step-time coefficients must be finite, >= 0, and the overhead > 0".into());
         }
+        if self.batch_step_s.iter().any(|c| !c.is_finite() || *c <= 0.0) {
+            return bad("batch_step_s entries must be finite and > 0".into());
+        }
         Ok(())
     }
 }
@@ -182,7 +252,20 @@ mod tests {
     #[test]
     fn unknown_profile_lists_known_ones() {
         let e = ModelProfile::by_name("gpt-5").unwrap_err().to_string();
-        assert!(e.contains("llama-8b-h100") && e.contains("tiny"), "{e}");
+        assert!(e.contains("llama-8b-h100") && e.contains("llamacpp-cpu") && e.contains("tiny"), "{e}");
+    }
+
+    #[test]
+    fn llamacpp_slots_bring_their_context_and_the_table_prices_the_batch() {
+        let p = ModelProfile::llamacpp_cpu().with_slots(4);
+        p.validate().unwrap();
+        assert_eq!((p.max_num_seqs, p.kv_capacity_tokens()), (4, 4 * u64::from(LLAMACPP_CTX_PER_SLOT)));
+        // Measured, not linear: a batch of 4 costs less than one of 3.
+        assert!(p.batch_cost_s(4) < p.batch_cost_s(3));
+        assert_eq!(p.batch_cost_s(1), LLAMACPP_BATCH_STEP_S[0]);
+        assert!((p.batch_cost_s(8) - 2.0 * LLAMACPP_BATCH_STEP_S[3]).abs() < 1e-12);
+        let h = ModelProfile::llama_8b_h100();
+        assert!((h.batch_cost_s(2) - (h.step_overhead_s + 2.0 * h.seq_s)).abs() < 1e-15);
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //! - `GET /health`: 200 with an empty body while the replica is up (also while "hung", like a vLLM
 //!   whose GPU is stuck but whose API process still answers).
 //! - `GET /metrics`: Prometheus text in the replica's [`MetricsStyle`].
+//! - `GET /props`: only in the llama.cpp style, as llama-server answers it: `total_slots` (the
+//!   batch limit) and each slot's context in `default_generation_settings.n_ctx`; 404 otherwise,
+//!   as vLLM has no such route.
 //!
 //! Every error, those of the HTTP layer included (unknown path 404, wrong method 405, a body over
 //! axum's 2 MiB limit 413), is an OpenAI-style JSON error ([`ApiError`]). (Real vLLM answers an
@@ -109,6 +112,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
+        .route("/props", get(props))
         .merge(fleet::admin_routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -182,6 +186,23 @@ async fn metrics_text(State(app): State<AppState>) -> Response {
         metrics::render(r.style, &view)
     };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+async fn props(State(app): State<AppState>) -> Response {
+    let r = &app.replica;
+    if r.style != MetricsStyle::Llamacpp {
+        return not_found().await;
+    }
+    let p = &r.profile;
+    let per_slot = u64::from(p.num_gpu_blocks / p.max_num_seqs.max(1)) * u64::from(BLOCK_SIZE);
+    Json(json!({
+        "default_generation_settings": {"n_ctx": per_slot, "params": {"n_predict": -1}},
+        "total_slots": p.max_num_seqs,
+        "model_alias": r.models[0],
+        "model_path": r.models[0],
+        "modalities": {"vision": false, "audio": false},
+    }))
+    .into_response()
 }
 
 /// Aborts the request in the engine if the handler or its stream is dropped before the end.

@@ -168,7 +168,12 @@ pub struct LoadStats {
     pub errors: Vec<String>,
     pub tokens: usize,
     pub wall: Duration,
+    /// `llamacpp:requests_deferred` read every [`QUEUE_SAMPLE`] during an open-loop run.
+    pub deferred: Vec<f64>,
 }
+
+/// How often an open-loop run reads the server's queue.
+pub const QUEUE_SAMPLE: Duration = Duration::from_millis(50);
 
 impl LoadStats {
     /// The `q` quantile (0..=1) of TTFT, nearest rank.
@@ -178,6 +183,11 @@ impl LoadStats {
         }
         let i = ((q * self.ttft.len() as f64).ceil() as usize).clamp(1, self.ttft.len()) - 1;
         self.ttft[i]
+    }
+
+    /// Mean of the queue readings (0 when there are none).
+    pub fn mean_deferred(&self) -> f64 {
+        self.deferred.iter().sum::<f64>() / (self.deferred.len().max(1) as f64)
     }
 
     pub fn tokens_per_second(&self) -> f64 {
@@ -268,6 +278,90 @@ pub async fn closed_loop(
     all.wall = start.elapsed();
     all.ttft.sort();
     all
+}
+
+/// Open-loop load: `requests` streaming completions of `tokens` tokens (`ignore_eos`) sent to
+/// `base_url` at Poisson arrival times of mean `rate` per second (seeded, so a real server and a
+/// simulated one get the same schedule and the same prompts), each on its own connection, however
+/// many are still running; meanwhile the server's `llamacpp:requests_deferred` is read every
+/// [`QUEUE_SAMPLE`]. Returns when the last request has finished.
+pub async fn open_loop(base_url: &str, rate: f64, requests: u64, tokens: u32, seed: u64) -> LoadStats {
+    use rand::{Rng, SeedableRng};
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (mut at, mut schedule) = (0.0f64, Vec::new());
+    for _ in 0..requests {
+        at += -(1.0 - rng.gen::<f64>()).ln() / rate;
+        schedule.push(Duration::from_secs_f64(at));
+    }
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (client, url, done) = (client.clone(), format!("{base_url}/metrics"), done.clone());
+        tokio::spawn(async move {
+            let mut out = Vec::new();
+            let mut tick = tokio::time::interval(QUEUE_SAMPLE);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                tick.tick().await;
+                if let Some(v) = read_gauge(&client, &url, "llamacpp:requests_deferred").await {
+                    out.push(v);
+                }
+            }
+            out
+        })
+    };
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (n, due) in schedule.into_iter().enumerate() {
+        tokio::time::sleep_until((start + due).into()).await;
+        let (client, url) = (client.clone(), format!("{base_url}/v1/completions"));
+        tasks.push(tokio::spawn(async move {
+            let body = serde_json::json!({
+                "prompt": prompt(seed, n as u64, 40),
+                "max_tokens": tokens,
+                "ignore_eos": true,
+                "stream": true,
+                "temperature": 1.0,
+                "seed": n,
+            });
+            one_stream(&client, &url, &body).await
+        }));
+    }
+    let mut all = LoadStats::default();
+    for t in tasks {
+        match t.await.expect("request task") {
+            Ok((ttft, got)) => {
+                all.ttft.push(ttft);
+                all.completed += 1;
+                all.tokens += got;
+            }
+            Err(e) => {
+                all.failed += 1;
+                if all.errors.len() < 3 {
+                    all.errors.push(e);
+                }
+            }
+        }
+    }
+    all.wall = start.elapsed();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    all.deferred = sampler.await.expect("queue sampler");
+    all.ttft.sort();
+    all
+}
+
+/// One unlabelled sample of `base_url`'s `/metrics` (llama-server's shape), or `None`.
+pub async fn metric(base_url: &str, name: &str) -> Option<f64> {
+    read_gauge(&reqwest::Client::new(), &format!("{base_url}/metrics"), name).await
+}
+
+/// One unlabelled gauge from a metrics page (llama-server's shape), or `None` if unreadable.
+async fn read_gauge(client: &reqwest::Client, url: &str, name: &str) -> Option<f64> {
+    let page = client.get(url).timeout(Duration::from_secs(2)).send().await.ok()?.text().await.ok()?;
+    page.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// One streamed completion: its TTFT and the number of text chunks, or why it failed (no answer,

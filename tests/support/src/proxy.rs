@@ -57,6 +57,7 @@ pub async fn fleet(
             speed: 1.0,
             models: models.iter().map(|s| s.to_string()).collect(),
             lora_adapters: lora.iter().map(|s| s.to_string()).collect(),
+            slots: None,
         })
         .collect();
     start_fleet(cfg).await.expect("fleet starts")
