@@ -271,3 +271,55 @@ async fn our_scrape_source_reads_the_time_running_beside_the_end_to_end_time() {
     let (e2e, running) = (after.latency.expect("e2e time"), after.service.expect("time running"));
     assert!(running > 0.0 && running < e2e, "time running {running} s, end to end {e2e} s");
 }
+
+/// The llama.cpp-shaped server reads through our `llamacpp` profile as the real one does: busy
+/// slots and the queue from its gauges, the slot count from `GET /props`, no KV gauge, and the
+/// time per generated token from its counters once requests end. Other styles have no `/props`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_scrape_source_reads_the_llamacpp_style_and_its_props() {
+    let f = fleet(ModelProfile::llamacpp_cpu(), &[1.0], |c| {
+        c.metrics_style = MetricsStyle::Llamacpp;
+        c.replicas[0].slots = Some(2);
+    })
+    .await;
+    let base = f.urls()[0].clone();
+    let props: Value = client().get(format!("{base}/props")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (props["total_slots"].as_u64(), props["default_generation_settings"]["n_ctx"].as_u64()),
+        (Some(2), Some(1024))
+    );
+    let url = format!("{base}/v1/completions");
+    let long = json!({"prompt": prompt_of(40), "max_tokens": 900, "ignore_eos": true, "stream": true});
+    let streams: Vec<_> =
+        futures::future::join_all((0..5).map(|_| client().post(&url).json(&long).send())).await;
+    llm_lc_testkit::wait::until(Duration::from_secs(5), "2 running, 3 deferred", || async {
+        let s = f.stats(0).ok()?;
+        (s.running == 2 && s.waiting == 3).then_some(())
+    })
+    .await;
+    let got = controller_reads(&f.addrs(), ProfileName::Llamacpp).await;
+    let s = got[0].as_ref().expect("a sample");
+    assert_eq!((s.running, s.waiting, s.slots, s.kv_usage), (2.0, 3.0, Some(2.0), None));
+    drop(streams);
+    // The speed counters move when requests end: two readings around a few short requests.
+    let cfg: ScrapeConfig = serde_json::from_value(json!({})).expect("scrape defaults");
+    let src = ScrapeSource::new("sim", &cfg).expect("scrape source");
+    let p = pool(&f.addrs(), ProfileName::Llamacpp);
+    llm_lc_testkit::wait::until(Duration::from_secs(10), "the aborted requests to leave", || async {
+        (f.stats(0).ok()?.running == 0).then_some(())
+    })
+    .await;
+    src.sample(&[&p]).await.remove(0).expect("first reading");
+    for _ in 0..3 {
+        let (status, _) = post(&url, &json!({"prompt": prompt_of(40), "max_tokens": 20}).to_string()).await;
+        assert_eq!(status, 200);
+    }
+    let snap = src.sample(&[&p]).await.remove(0).expect("second reading");
+    let t = snap.members.values().next().cloned().flatten().and_then(|s| s.token_time).expect("token time");
+    // The profile's batch-1 step is 1.6 ms: generation plus prompt seconds per generated token.
+    assert!((1.5e-3..5e-3).contains(&t), "seconds per generated token {t}");
+
+    let vllm = fleet(ModelProfile::tiny(), &[1.0], |_| {}).await;
+    let r = client().get(format!("{}/props", vllm.urls()[0])).send().await.unwrap();
+    assert_eq!(r.status(), 404, "vLLM has no /props");
+}

@@ -185,6 +185,23 @@ impl LoadStats {
         self.ttft[i]
     }
 
+    /// Count one request's outcome (the first few errors are kept).
+    fn record(&mut self, outcome: Result<(Duration, usize), String>) {
+        match outcome {
+            Ok((ttft, got)) => {
+                self.ttft.push(ttft);
+                self.completed += 1;
+                self.tokens += got;
+            }
+            Err(e) => {
+                self.failed += 1;
+                if self.errors.len() < 3 {
+                    self.errors.push(e);
+                }
+            }
+        }
+    }
+
     /// Mean of the queue readings (0 when there are none).
     pub fn mean_deferred(&self) -> f64 {
         self.deferred.iter().sum::<f64>() / (self.deferred.len().max(1) as f64)
@@ -215,6 +232,29 @@ pub fn prompt(seed: u64, n: u64, words: usize) -> String {
     out
 }
 
+/// The load generators' client: a new connection per request, because llama-server closes idle
+/// keep-alive connections on its own schedule and a request sent on one it just closed fails
+/// before reaching it.
+fn load_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client")
+}
+
+/// Request `n` of a load: a streaming completion of `tokens` tokens whatever the sampler draws.
+fn completion(seed: u64, n: u64, tokens: u32) -> serde_json::Value {
+    serde_json::json!({
+        "prompt": prompt(seed, n, 40),
+        "max_tokens": tokens,
+        "ignore_eos": true,
+        "stream": true,
+        "temperature": 1.0,
+        "seed": n,
+    })
+}
+
 /// `clients` closed-loop clients, each sending streaming `/v1/completions` of `tokens` tokens
 /// (`ignore_eos`) to `base_url` one after the other for `duration`; requests still running at the
 /// end are finished and counted. TTFT is the time to the first chunk that carries text.
@@ -225,13 +265,7 @@ pub async fn closed_loop(
     duration: Duration,
     seed: u64,
 ) -> LoadStats {
-    // A new connection per request: llama-server closes idle keep-alive connections on its own
-    // schedule, and a request sent on one it just closed fails before reaching it.
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .pool_max_idle_per_host(0)
-        .build()
-        .expect("client");
+    let client = load_client();
     let start = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -241,27 +275,8 @@ pub async fn closed_loop(
             let mut n = 0u64;
             while start.elapsed() < duration {
                 n += 1;
-                let body = serde_json::json!({
-                    "prompt": prompt(seed ^ c as u64, n, 40),
-                    "max_tokens": tokens,
-                    "ignore_eos": true,
-                    "stream": true,
-                    "temperature": 1.0,
-                    "seed": n,
-                });
-                match one_stream(&client, &url, &body).await {
-                    Ok((ttft, got)) => {
-                        stats.ttft.push(ttft);
-                        stats.completed += 1;
-                        stats.tokens += got;
-                    }
-                    Err(e) => {
-                        stats.failed += 1;
-                        if stats.errors.len() < 3 {
-                            stats.errors.push(e);
-                        }
-                    }
-                }
+                let body = completion(seed ^ c as u64, n, tokens);
+                stats.record(one_stream(&client, &url, &body).await);
             }
             stats
         }));
@@ -287,11 +302,7 @@ pub async fn closed_loop(
 /// [`QUEUE_SAMPLE`]. Returns when the last request has finished.
 pub async fn open_loop(base_url: &str, rate: f64, requests: u64, tokens: u32, seed: u64) -> LoadStats {
     use rand::{Rng, SeedableRng};
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .pool_max_idle_per_host(0)
-        .build()
-        .expect("client");
+    let client = load_client();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (mut at, mut schedule) = (0.0f64, Vec::new());
     for _ in 0..requests {
@@ -319,32 +330,12 @@ pub async fn open_loop(base_url: &str, rate: f64, requests: u64, tokens: u32, se
         tokio::time::sleep_until((start + due).into()).await;
         let (client, url) = (client.clone(), format!("{base_url}/v1/completions"));
         tasks.push(tokio::spawn(async move {
-            let body = serde_json::json!({
-                "prompt": prompt(seed, n as u64, 40),
-                "max_tokens": tokens,
-                "ignore_eos": true,
-                "stream": true,
-                "temperature": 1.0,
-                "seed": n,
-            });
-            one_stream(&client, &url, &body).await
+            one_stream(&client, &url, &completion(seed, n as u64, tokens)).await
         }));
     }
     let mut all = LoadStats::default();
     for t in tasks {
-        match t.await.expect("request task") {
-            Ok((ttft, got)) => {
-                all.ttft.push(ttft);
-                all.completed += 1;
-                all.tokens += got;
-            }
-            Err(e) => {
-                all.failed += 1;
-                if all.errors.len() < 3 {
-                    all.errors.push(e);
-                }
-            }
-        }
+        all.record(t.await.expect("request task"));
     }
     all.wall = start.elapsed();
     done.store(true, std::sync::atomic::Ordering::Relaxed);
