@@ -554,6 +554,7 @@ impl PoolRuntime {
                 }
                 for (family, v) in [
                     (&m.member_service, s.service),
+                    (&m.member_queue_time, s.queue_time),
                     (&m.member_token_time, s.token_time),
                     (&m.member_prompt_cached, s.prompt_cached),
                     (&m.member_slots, s.slots),
@@ -573,6 +574,7 @@ impl PoolRuntime {
                 kv_usage: s.and_then(|s| s.kv_usage),
                 latency_s: s.and_then(|s| s.latency),
                 service_s: s.and_then(|s| s.service),
+                queue_time_s: s.and_then(|s| s.queue_time),
                 token_time_s: s.and_then(|s| s.token_time),
                 prompt_cached: s.and_then(|s| s.prompt_cached),
                 slots: s.and_then(|s| s.slots),

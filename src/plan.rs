@@ -205,6 +205,7 @@ fn pool(cfg: &Config, p: &PoolConfig) -> Value {
             put(&mut q, "kv_usage", list(&names.kv_usage));
             put(&mut q, "latency_histogram", list(&names.latency_histogram));
             put(&mut q, "service_histogram", list(&names.service_histogram));
+            put(&mut q, "queue_histogram", list(&names.queue_histogram));
             for (key, ratio) in [("token_time", &names.token_time), ("prompt_cached", &names.prompt_cached)] {
                 if let Some(r) = ratio {
                     put(

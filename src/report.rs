@@ -53,6 +53,9 @@ pub struct MemberReport {
     /// Mean time requests ran, queue excluded (vLLM's `vllm:request_inference_time_seconds`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_s: Option<f64>,
+    /// Mean time requests waited in the queue (vLLM's `vllm:request_queue_time_seconds`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_time_s: Option<f64>,
     /// Seconds of prompt processing and generation per generated token (llama.cpp's counters).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_time_s: Option<f64>,

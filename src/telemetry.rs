@@ -48,6 +48,7 @@ pub struct Metrics {
     pub member_kv_usage: FGauge,
     pub member_latency: FGauge,
     pub member_service: FGauge,
+    pub member_queue_time: FGauge,
     pub member_token_time: FGauge,
     pub member_prompt_cached: FGauge,
     pub member_slots: FGauge,
@@ -113,6 +114,11 @@ impl Metrics {
             &mut r,
             "llmlc_member_service_seconds",
             "Mean time requests ran on the member, queueing excluded (last sample)",
+        );
+        let member_queue_time = g(
+            &mut r,
+            "llmlc_member_queue_time_seconds",
+            "Mean time requests waited in the member's queue before they ran (last sample)",
         );
         let member_token_time = g(
             &mut r,
@@ -207,6 +213,7 @@ impl Metrics {
             member_kv_usage,
             member_latency,
             member_service,
+            member_queue_time,
             member_token_time,
             member_prompt_cached,
             member_slots,
@@ -249,6 +256,7 @@ impl Metrics {
             &self.member_kv_usage,
             &self.member_latency,
             &self.member_service,
+            &self.member_queue_time,
             &self.member_token_time,
             &self.member_prompt_cached,
             &self.member_slots,

@@ -247,7 +247,7 @@ async fn real_prometheus_parses_every_style() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn our_scrape_source_reads_the_time_running_beside_the_end_to_end_time() {
+async fn our_scrape_source_reads_the_time_running_and_queued_beside_the_end_to_end_time() {
     // tiny runs 8 sequences at most: 12 requests at once leave 4 queued behind the first 8, so
     // the mean end-to-end time carries a wait that the time running does not.
     let f = fleet(ModelProfile::tiny(), &[1.0], |_| {}).await;
@@ -260,7 +260,11 @@ async fn our_scrape_source_reads_the_time_running_beside_the_end_to_end_time() {
         snap.members.get(&member).cloned().flatten().expect("sample")
     };
     let before = read().await;
-    assert_eq!((before.latency, before.service), (None, None), "timings need two scrapes");
+    assert_eq!(
+        (before.latency, before.service, before.queue_time),
+        (None, None, None),
+        "timings need two scrapes"
+    );
     let url = format!("{}/v1/completions", f.urls()[0]);
     let answers = futures::future::join_all(
         (0..12).map(|_| client().post(&url).json(&json!({"prompt": prompt_of(50), "max_tokens": 60})).send()),
@@ -270,6 +274,14 @@ async fn our_scrape_source_reads_the_time_running_beside_the_end_to_end_time() {
     let after = read().await;
     let (e2e, running) = (after.latency.expect("e2e time"), after.service.expect("time running"));
     assert!(running > 0.0 && running < e2e, "time running {running} s, end to end {e2e} s");
+    // The 4 that waited give the queue histogram its mass; queued plus running is the whole
+    // stay, up to the prefill step that vLLM counts in neither.
+    let queued = after.queue_time.expect("time queued");
+    assert!(queued > 0.0, "4 of 12 waited: {queued} s");
+    assert!(
+        (queued + running - e2e).abs() <= 0.1 * e2e,
+        "queued {queued} s + running {running} s against end to end {e2e} s"
+    );
 }
 
 /// The llama.cpp-shaped server reads through our `llamacpp` profile as the real one does: busy

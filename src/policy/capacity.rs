@@ -273,8 +273,14 @@ impl Capacity {
             m.k = Some(blend(m.k, k, exact).max(1.0));
         }
         let valid = |t: &f64| *t > 0.0 && t.is_finite();
+        // Time in the system less time in the queue: a service time as good as the server's own,
+        // and unlike the latency alone it does not stay high while a past backlog's waits are
+        // still in the window.
+        let latency_less_queue = s.latency.zip(s.queue_time).map(|(l, q)| l - q);
         // Time running, or else the work per generated token (llama.cpp): neither carries queueing.
-        if let Some(t) = s.service.filter(valid).or(s.token_time.filter(valid)) {
+        if let Some(t) =
+            s.service.filter(valid).or(s.token_time.filter(valid)).or(latency_less_queue.filter(valid))
+        {
             // Time running carries no queueing: usable whether the server queues or not. A much
             // longer reading on a queued server is a slowdown: believed at once (feed-forward).
             // Not on a server whose memory is full, or was within the times' window: it preempts
@@ -524,6 +530,7 @@ mod tests {
             kv_usage: Some(kv),
             latency: Some(latency),
             service: None,
+            queue_time: None,
             token_time: None,
             prompt_cached: None,
             slots: None,
@@ -611,6 +618,73 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(ratios(&mut p, &phases[2], &mut prev), last, "and it holds");
         }
+    }
+
+    /// A sample with vLLM's queue time (`vllm:request_queue_time_seconds`) besides the
+    /// end-to-end latency, and no time running.
+    fn waited(waiting: f64, latency: f64, queue_time: f64) -> Option<Sample> {
+        s(waiting, 100.0, 0.4, latency).map(|x| Sample { queue_time: Some(queue_time), ..x })
+    }
+
+    #[test]
+    fn the_queue_time_is_taken_out_of_the_latency_after_a_backlog() {
+        // `a` had a backlog that has drained: nothing waits now, but the latency window still holds
+        // the minute its requests waited. Its speed never changed (10 s running); with the queue
+        // time known, its share comes back at once instead of after the window has rolled over.
+        let mut p = policy(Mode::RoundRobin);
+        let mut prev = Default::default();
+        let calm = || waited(0.0, 10.0, 0.0);
+        for _ in 0..3 {
+            ratios(&mut p, &[("a:1", calm()), ("b:1", calm()), ("c:1", calm())], &mut prev);
+        }
+        let even = ratios(&mut p, &[("a:1", calm()), ("b:1", calm()), ("c:1", calm())], &mut prev);
+        let drained = [("a:1", waited(0.0, 40.0, 30.0)), ("b:1", calm()), ("c:1", calm())];
+        for cycle in 0..3 {
+            let r = ratios(&mut p, &drained, &mut prev);
+            assert!(r[0] + 1 >= r[1], "cycle {cycle}: {r:?}, even {even:?}");
+        }
+        // Without the queue time the same latency reads as a server four times slower.
+        let mut blind = policy(Mode::RoundRobin);
+        let mut prev = Default::default();
+        let plain = |l: f64| s(0.0, 100.0, 0.4, l);
+        for _ in 0..3 {
+            ratios(
+                &mut blind,
+                &[("a:1", plain(10.0)), ("b:1", plain(10.0)), ("c:1", plain(10.0))],
+                &mut prev,
+            );
+        }
+        let mut r = vec![];
+        for _ in 0..3 {
+            r = ratios(
+                &mut blind,
+                &[("a:1", plain(40.0)), ("b:1", plain(10.0)), ("c:1", plain(10.0))],
+                &mut prev,
+            );
+        }
+        assert!(f64::from(r[0]) <= 0.9 * f64::from(r[1]), "the latency alone cuts it: {r:?}");
+    }
+
+    #[test]
+    fn a_slowdown_shows_through_the_queue_time_on_a_queued_server() {
+        // `a` slows to a third and queues: latency 90 s of which 60 s waiting. Running time is
+        // 30 s, believed at once as a slowdown, as with vLLM's own time-running histogram.
+        let mut p = policy(Mode::RoundRobin);
+        let mut prev = Default::default();
+        let calm = || waited(0.0, 10.0, 0.0);
+        for _ in 0..3 {
+            ratios(&mut p, &[("a:1", calm()), ("b:1", calm()), ("c:1", calm())], &mut prev);
+        }
+        let mut last = vec![];
+        for _ in 0..3 {
+            last = ratios(
+                &mut p,
+                &[("a:1", waited(10.0, 90.0, 60.0)), ("b:1", calm()), ("c:1", calm())],
+                &mut prev,
+            );
+        }
+        let share = f64::from(last[0]) / f64::from(last[1]);
+        assert!(share <= 0.40, "a third of the others or less while it queues: {last:?}");
     }
 
     #[test]
@@ -809,6 +883,7 @@ mod tests {
             kv_usage: None,
             latency: None,
             service: None,
+            queue_time: None,
             token_time: None,
             prompt_cached: None,
             slots: None,

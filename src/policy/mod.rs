@@ -241,6 +241,7 @@ pub(crate) mod testutil {
             kv_usage: Some(kv),
             latency: None,
             service: None,
+            queue_time: None,
             token_time: None,
             prompt_cached: None,
             slots: None,

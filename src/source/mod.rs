@@ -40,6 +40,9 @@ pub struct Sample {
     /// Mean time requests spent running (first scheduled to last token, no queueing) over the
     /// rate window, where the server reports it (vLLM's `vllm:request_inference_time_seconds`).
     pub service: Option<f64>,
+    /// Mean time requests waited in the queue before they first ran, over the rate window, where
+    /// the server reports it (vLLM's `vllm:request_queue_time_seconds`).
+    pub queue_time: Option<f64>,
     /// Seconds of work (prefill and generation) per generated token over the rate window, where
     /// the server counts them (llama.cpp): a speed, comparable across servers serving one mix.
     pub token_time: Option<f64>,
@@ -281,6 +284,7 @@ pub fn assemble(
         let kv_usage = check(Signal::KvUsage, get(Signal::KvUsage), &mut snap);
         let latency = check(Signal::Latency, get(Signal::Latency), &mut snap);
         let service = check(Signal::Service, get(Signal::Service), &mut snap);
+        let queue_time = check(Signal::QueueTime, get(Signal::QueueTime), &mut snap);
         let token_time = check(Signal::TokenTime, get(Signal::TokenTime), &mut snap);
         let prompt_cached = check(Signal::PromptCached, get(Signal::PromptCached), &mut snap);
         let slots = check(Signal::Slots, get(Signal::Slots), &mut snap);
@@ -293,6 +297,7 @@ pub fn assemble(
                 kv_usage: kv_usage.map(|k| k.min(1.0)),
                 latency,
                 service,
+                queue_time,
                 token_time,
                 prompt_cached: prompt_cached.map(|c| c.min(1.0)),
                 slots,

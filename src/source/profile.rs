@@ -5,7 +5,9 @@
 //! over vLLM's data-parallel `engine` series; KV usage is averaged (each engine has its own cache);
 //! mean processing time is rate(sum)/rate(count) of the end-to-end latency histogram, and mean
 //! service time the same of the time-in-the-running-batch histogram (vLLM's
-//! `vllm:request_inference_time_seconds`), which carries no queueing.
+//! `vllm:request_inference_time_seconds`), which carries no queueing; mean queue time likewise of
+//! `vllm:request_queue_time_seconds`. vLLM's KV gauge was renamed (`vllm:gpu_cache_usage_perc`
+//! is gone since late 2025): the old name is read only where the new one is missing.
 //!
 //! llama.cpp's `llama-server` has no histograms and no KV gauge, only gauges and counters. Its speed
 //! is a ratio of counter growths ([`CounterRatio`]): seconds of prompt processing and generation
@@ -48,6 +50,8 @@ pub struct MetricOverrides {
     pub latency_histogram: Option<String>,
     /// Base name of a histogram of the time requests spend running, queue excluded.
     pub service_histogram: Option<String>,
+    /// Base name of a histogram of the time requests wait in the queue before they first run.
+    pub queue_histogram: Option<String>,
 }
 
 /// Raw PromQL per signal, replacing the generated query. Each must return one series per member,
@@ -62,6 +66,8 @@ pub struct QueryOverrides {
     pub latency: Option<String>,
     /// Mean service time in seconds: time running, queue excluded.
     pub service: Option<String>,
+    /// Mean time in seconds requests waited in the queue before they first ran.
+    pub queue_time: Option<String>,
 }
 
 impl QueryOverrides {
@@ -71,6 +77,7 @@ impl QueryOverrides {
             && self.kv_usage.is_none()
             && self.latency.is_none()
             && self.service.is_none()
+            && self.queue_time.is_none()
     }
 }
 
@@ -82,6 +89,7 @@ pub struct MetricNames {
     pub kv_usage: Vec<String>,
     pub latency_histogram: Vec<String>,
     pub service_histogram: Vec<String>,
+    pub queue_histogram: Vec<String>,
     /// Seconds of work per generated token, from counters (llama.cpp).
     pub token_time: Option<CounterRatio>,
     /// Share of prompt tokens served from the prompt cache, from counters (llama.cpp).
@@ -154,10 +162,14 @@ impl ProfileName {
             }
             ProfileName::Custom => (&[], &[], &[], &[]),
         };
-        // Time in the running batch (first scheduled to last token): vLLM's (0.6 and later) only.
-        let service: &[&str] = match self {
-            ProfileName::Vllm | ProfileName::VllmLegacy => &["vllm:request_inference_time_seconds"],
-            _ => &[],
+        // Time in the running batch (first scheduled to last token) and time in the queue before
+        // it: vLLM's (0.6 and later) only. Both are free of the other, so a server's speed reads the
+        // same whether or not it has a backlog.
+        let (service, queue): (&[&str], &[&str]) = match self {
+            ProfileName::Vllm | ProfileName::VllmLegacy => {
+                (&["vllm:request_inference_time_seconds"], &["vllm:request_queue_time_seconds"])
+            }
+            _ => (&[], &[]),
         };
         let llamacpp = self == ProfileName::Llamacpp;
         MetricNames {
@@ -166,6 +178,7 @@ impl ProfileName {
             kv_usage: names(kv),
             latency_histogram: names(lat),
             service_histogram: names(service),
+            queue_histogram: names(queue),
             // Prefill and generation time per generated token: a request's whole work, spread over
             // its output, so servers serving the same mix compare by it as by a service time.
             token_time: llamacpp
@@ -202,6 +215,7 @@ impl ProfileName {
         set(&mut n.kv_usage, &o.kv_usage);
         set(&mut n.latency_histogram, &o.latency_histogram);
         set(&mut n.service_histogram, &o.service_histogram);
+        set(&mut n.queue_histogram, &o.queue_histogram);
         n
     }
 }
@@ -216,6 +230,8 @@ pub enum Signal {
     Latency,
     /// Mean time requests spend running (queueing excluded).
     Service,
+    /// Mean time requests waited in the queue before they first ran.
+    QueueTime,
     /// Seconds of work per generated token (llama.cpp's counters).
     TokenTime,
     /// Share of prompt tokens served from the prompt cache, 0..=1.
@@ -231,7 +247,7 @@ const _: () = assert!(Signal::Timestamp as usize + 1 == Signal::COUNT, "Signal::
 
 impl Signal {
     /// How many signals there are (for arrays indexed by `signal as usize`).
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 10;
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -240,6 +256,7 @@ impl Signal {
             Signal::KvUsage => "kv_usage",
             Signal::Latency => "latency",
             Signal::Service => "service",
+            Signal::QueueTime => "queue_time",
             Signal::TokenTime => "token_time",
             Signal::PromptCached => "prompt_cached",
             Signal::Slots => "slots",
@@ -295,6 +312,9 @@ pub fn promql(
     }
     if let Some(q) = overrides.service.clone().or_else(|| mean_of(&names.service_histogram)) {
         out.push((Signal::Service, q));
+    }
+    if let Some(q) = overrides.queue_time.clone().or_else(|| mean_of(&names.queue_histogram)) {
+        out.push((Signal::QueueTime, q));
     }
     let rates = |counters: &[String]| -> String {
         let parts: Vec<String> =
@@ -385,6 +405,11 @@ mod tests {
             get(Signal::Service),
             "sum by (instance) (rate(vllm:request_inference_time_seconds_sum{job=\"vllm\"}[1m])) / \
              (sum by (instance) (rate(vllm:request_inference_time_seconds_count{job=\"vllm\"}[1m])) > 0)"
+        );
+        assert_eq!(
+            get(Signal::QueueTime),
+            "sum by (instance) (rate(vllm:request_queue_time_seconds_sum{job=\"vllm\"}[1m])) / \
+             (sum by (instance) (rate(vllm:request_queue_time_seconds_count{job=\"vllm\"}[1m])) > 0)"
         );
         assert_eq!(
             get(Signal::Timestamp),

@@ -79,7 +79,7 @@ pub fn wanted(names: &MetricNames, into: &mut Wanted) {
     for n in names.waiting.iter().chain(&names.running).chain(&names.kv_usage) {
         into.add(n);
     }
-    for h in names.latency_histogram.iter().chain(&names.service_histogram) {
+    for h in names.latency_histogram.iter().chain(&names.service_histogram).chain(&names.queue_histogram) {
         into.add(&format!("{h}_sum"));
         into.add(&format!("{h}_count"));
     }
@@ -358,6 +358,7 @@ fn pool_snapshot(
         for (signal, names) in [
             (Signal::Latency, &pool.names.latency_histogram),
             (Signal::Service, &pool.names.service_histogram),
+            (Signal::QueueTime, &pool.names.queue_histogram),
         ] {
             let hist = names.iter().find_map(|h| {
                 let sum = reading.get(&format!("{h}_sum"))?;
@@ -425,6 +426,10 @@ vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 4.0
 vllm:request_inference_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 4.0
 vllm:request_inference_time_seconds_sum{engine="0",model_name="m"} 3.0
 vllm:request_inference_time_seconds_count{engine="0",model_name="m"} 4.0
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 4.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 1.0
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 4.0
 "#;
 
     fn names() -> MetricNames {
@@ -462,6 +467,10 @@ vllm:request_inference_time_seconds_count{engine="0",model_name="m"} 4.0
                     "inference_time_seconds_count{engine=\"0\",model_name=\"m\"} 8.0",
                 )
                 .replace(
+                    "queue_time_seconds_sum{engine=\"0\",model_name=\"m\"} 1.0",
+                    "queue_time_seconds_sum{engine=\"0\",model_name=\"m\"} 9.0",
+                )
+                .replace(
                     "_sum{engine=\"0\",model_name=\"m\"} 8.0",
                     "_sum{engine=\"0\",model_name=\"m\"} 20.0",
                 )
@@ -486,6 +495,7 @@ vllm:request_inference_time_seconds_count{engine="0",model_name="m"} 4.0
         let s = snap.members[&m].as_ref().expect("sample");
         assert_eq!(s.latency, Some(3.0), "(20-8)/(8-4)");
         assert_eq!(s.service, Some(1.0), "time running, its own histogram: (7-3)/(8-4)");
+        assert_eq!(s.queue_time, Some(2.0), "time queued, its own histogram: (9-1)/(8-4)");
         assert!(snap.failures.is_empty());
     }
 

@@ -184,6 +184,7 @@ impl BenchControl {
                         kv_usage: Some(o.kv_usage),
                         latency: o.latency_s,
                         service: o.service_s,
+                        queue_time: None,
                         token_time: None,
                         prompt_cached: None,
                         slots: None,
