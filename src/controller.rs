@@ -23,7 +23,7 @@ use crate::config::{Config, PoolConfig, SourceConfig};
 use crate::cycle::{Cycle, CycleSettings, Decision, PushOutcome, PushResult, Sampled};
 use crate::policy::PoolPolicy;
 use crate::report::{now_rfc3339, CycleReport, MemberReport, PoolReport};
-use crate::source::{Join, PoolQuery, Snapshot, Source, SourceError};
+use crate::source::{FailureReason, Join, PoolQuery, Snapshot, Source, SourceError};
 use crate::telemetry::{labels, Telemetry};
 
 /// How long a read of the load balancer may take while probing whether it answers again.
@@ -49,6 +49,8 @@ struct PoolRuntime {
     last_warnings: Vec<String>,
     /// Member discovery is failing (logged once per change).
     discovery_failing: bool,
+    /// Names discovery offered last time that are not member names (logged once while offered).
+    refused_names: std::collections::BTreeSet<String>,
     /// Members that could not be read last cycle, and why (warned once per change).
     failing: BTreeMap<MemberId, &'static str>,
     /// "This replica leads"; `None` means always (no election).
@@ -174,6 +176,7 @@ impl Controller {
                 cfg: p.clone(),
                 last_warnings: Vec::new(),
                 discovery_failing: false,
+                refused_names: Default::default(),
                 failing: BTreeMap::new(),
                 leader: None,
             });
@@ -362,7 +365,7 @@ impl PoolRuntime {
         };
         match found {
             Ok(Some(members)) => {
-                let members = sorted(members);
+                let members = sorted(self.admit(members, telemetry));
                 if from_lb {
                     self.cycle.lb_answered();
                 }
@@ -402,6 +405,34 @@ impl PoolRuntime {
                 }
             }
         }
+    }
+
+    /// Discovered names are from outside (labels, the LB's pool, EndpointSlices): those that are not
+    /// member names are left out of this refresh, counted and logged once, escaped; the others go on.
+    fn admit(&mut self, found: Vec<MemberId>, telemetry: &Telemetry) -> Vec<MemberId> {
+        let pool = self.cfg.name.as_str();
+        let mut refused = std::collections::BTreeSet::new();
+        let admitted = found
+            .into_iter()
+            .filter(|m| match llm_lc_adapters::name::check(m.as_str()) {
+                Ok(()) => true,
+                Err(why) => {
+                    let shown = m.to_string();
+                    if !self.refused_names.contains(&shown) {
+                        tracing::warn!(pool, name = %shown, error = %why, "discovery offered a name that is not a member name; left out");
+                    }
+                    telemetry
+                        .metrics
+                        .member_errors
+                        .get_or_create(&labels(&[("pool", pool), ("reason", FailureReason::InvalidName.as_str())]))
+                        .inc();
+                    refused.insert(shown);
+                    false
+                }
+            })
+            .collect();
+        self.refused_names = refused;
+        admitted
     }
 
     fn leading(&self) -> bool {

@@ -110,6 +110,7 @@ enum LogFormatArg {
 }
 
 fn init_logging(format: LogFormat) {
+    use tracing_subscriber::field::MakeExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     use std::io::IsTerminal;
@@ -121,7 +122,22 @@ fn init_logging(format: LogFormat) {
         // `message` at the top level, next to `level` and `target`: what log stores (Loki, Elastic,
         // OpenShift's logging) index as the log line. Without flattening it sits under `fields`.
         LogFormat::Json => b.json().flatten_event(true).init(),
-        LogFormat::Text => b.init(),
+        // Field values may hold text from outside (a member's name, a model name, an error body):
+        // control characters are escaped so each record stays one line and cannot drive a terminal.
+        LogFormat::Text => b
+            .fmt_fields(
+                tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+                    let text = format!("{value:?}");
+                    let text = llm_lc_adapters::name::escape_controls(&text);
+                    if field.name() == "message" {
+                        write!(w, "{text}")
+                    } else {
+                        write!(w, "{field}={text}")
+                    }
+                })
+                .delimited(" "),
+            )
+            .init(),
     }
 }
 

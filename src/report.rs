@@ -78,14 +78,17 @@ impl CycleReport {
     }
 
     /// One table per pool: member, waiting, running, KV %, age, old -> new ratio.
+    /// One line per pool header, error and member, whatever the names and messages hold: names
+    /// are shown as one token, messages with their control characters escaped.
     pub fn to_table(&self) -> String {
+        use llm_lc_adapters::name::{escape_controls, escape_name};
         let mut s = String::new();
         for p in &self.pools {
             let _ = write!(
                 s,
                 "{}  pool {}  [{} -> {}]  state={} push={}",
                 self.ts,
-                p.pool,
+                escape_name(&p.pool),
                 p.policy,
                 p.sink,
                 p.state.as_str(),
@@ -95,7 +98,7 @@ impl CycleReport {
                 let _ = write!(s, " saturation={:.0}%", sat * 100.0);
             }
             if let Some(e) = &p.error {
-                let _ = write!(s, "\n  error: {e}");
+                let _ = write!(s, "\n  error: {}", escape_controls(e));
             }
             let _ = writeln!(s);
             // Servers without a KV gauge (llama.cpp) show their slots instead.
@@ -122,7 +125,7 @@ impl CycleReport {
                 let _ = writeln!(
                     s,
                     "  {:<28} {:>8} {:>8} {:>6} {:>7}  {:>5} -> {:<5}",
-                    m.member,
+                    escape_name(&m.member),
                     num(m.waiting),
                     num(m.running),
                     kv,

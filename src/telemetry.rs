@@ -33,7 +33,7 @@ pub mod sideband;
 /// named without `_total`), which Prometheus' classic text parser would misread.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-type Labels = Vec<(String, String)>;
+pub use llm_lc_adapters::label::{labels, Labels};
 type FGauge = Family<Labels, Gauge<f64, AtomicU64>>;
 type FCounter = Family<Labels, Counter>;
 
@@ -264,11 +264,14 @@ impl Metrics {
         ] {
             f.remove(&l);
         }
+        for reason in crate::source::FailureReason::ALL {
+            self.member_errors.remove(&labels(&[
+                ("pool", pool),
+                ("member", member),
+                ("reason", reason.as_str()),
+            ]));
+        }
     }
-}
-
-pub fn labels(pairs: &[(&str, &str)]) -> Labels {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 /// Shared between the control loop (writer) and the HTTP handlers (readers).

@@ -10,7 +10,9 @@ pub mod envoy;
 pub mod error;
 pub mod f5;
 pub mod haproxy;
+pub mod label;
 pub mod member_map;
+pub mod name;
 pub mod sink;
 pub mod tls;
 pub mod types;
@@ -18,5 +20,6 @@ pub mod webhook;
 
 pub use error::SinkError;
 pub use member_map::{Aligned, MemberMap};
+pub use name::InvalidName;
 pub use sink::{build_sink, Applied, InstanceStatus, RatioSink, SinkConfig, SinkContext};
 pub use types::{MemberId, Ratios, SecretRef};

@@ -61,8 +61,22 @@ impl<'de> Deserialize<'de> for MemberId {
 }
 
 impl MemberId {
+    /// An id from a name the process made or already checked (config that passed `check`, tests,
+    /// addresses it formatted itself). Names from outside go through [`MemberId::parse`].
     pub fn new(s: impl Into<String>) -> Self {
         MemberId(Arc::from(s.into()))
+    }
+
+    /// The door for names from outside: `host:port` or a load balancer's own member name, and
+    /// nothing that could break a line, a label or a command (see [`crate::name`]).
+    pub fn parse(s: &str) -> Result<Self, crate::InvalidName> {
+        crate::name::check(s)?;
+        Ok(MemberId::from(s))
+    }
+
+    /// Whether the id passes [`MemberId::parse`]'s grammar.
+    pub fn is_valid(&self) -> bool {
+        crate::name::check(&self.0).is_ok()
     }
 
     pub fn as_str(&self) -> &str {
@@ -81,9 +95,11 @@ impl MemberId {
     }
 }
 
+// Shown escaped: a valid id is its own text, and an id that skipped the check (built with `new`)
+// still prints as one token in logs, tables and messages.
 impl fmt::Display for MemberId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&crate::name::escape_name(&self.0))
     }
 }
 

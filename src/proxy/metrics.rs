@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-type Labels = Vec<(String, String)>;
+pub use llm_lc_adapters::label::{labels, Labels};
 pub type FCounter = Family<Labels, Counter>;
 type FGauge = Family<Labels, Gauge<i64, std::sync::atomic::AtomicI64>>;
 type FFGauge = Family<Labels, Gauge<f64, AtomicU64>>;
@@ -42,10 +42,6 @@ pub struct ProxyMetrics {
 fn latency_hist() -> Histogram {
     // 1 ms .. ~65 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
-}
-
-pub fn labels(pairs: &[(&str, &str)]) -> Labels {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 impl Default for ProxyMetrics {

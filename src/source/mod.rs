@@ -91,6 +91,9 @@ pub enum FailureReason {
     NoSeries,
     /// Prometheus gave a sample timestamp that is not finite or lies in the future.
     BadTimestamp,
+    /// Discovery offered a name that is not a member name (see `llm_lc_adapters::name`); counted
+    /// without the name, which is the attacker's text.
+    InvalidName,
 }
 
 impl FailureReason {
@@ -103,8 +106,21 @@ impl FailureReason {
             FailureReason::Unreadable => "unreadable",
             FailureReason::NoSeries => "no_series",
             FailureReason::BadTimestamp => "bad_timestamp",
+            FailureReason::InvalidName => "invalid_name",
         }
     }
+
+    /// Every reason, for forgetting a member's series.
+    pub const ALL: [FailureReason; 8] = [
+        FailureReason::Unreachable,
+        FailureReason::Timeout,
+        FailureReason::HttpStatus,
+        FailureReason::TooLarge,
+        FailureReason::Unreadable,
+        FailureReason::NoSeries,
+        FailureReason::BadTimestamp,
+        FailureReason::InvalidName,
+    ];
 }
 
 /// One member that could not be read.

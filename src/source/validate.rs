@@ -222,6 +222,10 @@ pub fn member(m: &MemberId) -> Result<(), String> {
     if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(format!("{s:?} contains whitespace"));
     }
+    // The grammar every name from outside passes (quotes, braces, backslashes, HTML refused).
+    if let Err(why) = llm_lc_adapters::name::check(s) {
+        return Err(format!("\"{}\": {why}", llm_lc_adapters::name::escape_name(s)));
+    }
     let Some((host, port)) = m.host_port() else {
         return Err(format!("\"{s}\" is not host:port"));
     };
@@ -296,6 +300,9 @@ mod tests {
             "10.0.0.1",
             "h:0",
             "a b:1",
+            "h\":80",
+            "<b>:80",
+            "h{x}:80",
         ] {
             assert!(member(&MemberId::from(bad)).is_err(), "{bad}");
         }

@@ -44,7 +44,13 @@ impl Prometheus {
             let list = targets.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
             static_configs.push_str(&format!("      - targets: [{list}]\n"));
             if !labels.is_empty() {
-                let l = labels.iter().map(|(k, v)| format!("{k}: '{v}'")).collect::<Vec<_>>().join(", ");
+                // JSON strings are YAML double-quoted scalars: any value (quotes, backslashes, line
+                // breaks) arrives in Prometheus as written.
+                let l = labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {}", serde_json::Value::from(*v)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
                 static_configs.push_str(&format!("        labels: {{ {l} }}\n"));
             }
         }

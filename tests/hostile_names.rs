@@ -1,0 +1,220 @@
+//! Names from the attacker's side, through a real Prometheus: target `instance` labels carrying
+//! quotes, backslashes, line breaks with forged lines after them, spaces and HTML, beside valid
+//! members, read by `run --dry-run --prometheus URL`. Every output must stay what it was:
+//! `/metrics` passes `promtool check metrics` and has no series we did not expect, the sideband
+//! feed has one line per valid member, stderr one log record per line, stdout one table record
+//! per line, `/v1/ratios` and `/v1/history` parse as JSON. The refused names are counted without
+//! the name and the valid members still get ratios.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use llm_lc_testkit::metrics_target::MetricsTarget;
+use llm_lc_testkit::prometheus::Prometheus;
+use llm_lc_testkit::{ports, wait};
+use serde_json::Value;
+
+const FORGED_SERIES: &str = "evil\"} 1\nllmlc_forged_series{a=\"b";
+const FORGED_FEED: &str = "10.0.0.9:80\n10.6.6.6 80 100";
+const FORGED_LOG: &str = "x:80\n2026-12-06T00:00:00.000000Z  INFO forged: all is well";
+const HOSTILE: [&str; 6] =
+    [FORGED_SERIES, "a\\b:80", FORGED_FEED, "has space:80", "<script>alert(1)</script>:80", FORGED_LOG];
+const VALID: [&str; 3] = ["10.0.0.1:8000", "vllm-0.vllm.llm.svc:8000", "10.0.0.2%3:8000"];
+
+struct Controller {
+    child: Child,
+    listen: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Controller {
+    fn read(&self, file: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(file)).unwrap_or_default()
+    }
+
+    async fn get(&self, path: &str) -> String {
+        let url = format!("http://127.0.0.1:{}{path}", self.listen);
+        match reqwest::get(url).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn promtool() -> PathBuf {
+    let debian = PathBuf::from("/usr/bin/promtool");
+    if debian.exists() {
+        debian
+    } else {
+        "promtool".into()
+    }
+}
+
+/// `promtool check metrics` on `page`: its exit status and what it said.
+fn promtool_check(page: &str) -> (bool, String) {
+    use std::io::Write as _;
+    let mut child = Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package `prometheus`, installed by tests/run.sh)");
+    child.stdin.take().expect("stdin").write_all(page.as_bytes()).expect("write page");
+    let out = child.wait_with_output().expect("promtool runs");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), said)
+}
+
+/// Label values of `label` in every sample line of an exposition page, unescaped.
+fn label_values(page: &str, label: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let key = format!("{label}=\"");
+    for line in page.lines().filter(|l| !l.starts_with('#')) {
+        let mut rest = line;
+        while let Some(i) = rest.find(&key) {
+            let before_ok = i == 0 || matches!(rest.as_bytes()[i - 1], b'{' | b',');
+            rest = &rest[i + key.len()..];
+            let mut value = String::new();
+            let mut chars = rest.char_indices();
+            let mut end = rest.len();
+            while let Some((j, c)) = chars.next() {
+                match c {
+                    '\\' => match chars.next() {
+                        Some((_, 'n')) => value.push('\n'),
+                        Some((_, c)) => value.push(c),
+                        None => break,
+                    },
+                    '"' => {
+                        end = j + 1;
+                        break;
+                    }
+                    c => value.push(c),
+                }
+            }
+            rest = &rest[end..];
+            if before_ok {
+                out.insert(value);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_instance_labels_break_no_output_and_valid_members_still_get_ratios() {
+    let target = MetricsTarget::vllm(1.0, 8.0, 0.4).await;
+    let addr = [target.member()];
+    let labels: Vec<[(&str, &str); 1]> =
+        HOSTILE.iter().chain(&VALID).map(|name| [("instance", *name)]).collect();
+    let groups: Vec<_> = labels.iter().map(|l| (&l[..], &addr[..])).collect();
+    let prom = Prometheus::start_labelled("hostile", &groups).await;
+    let all = HOSTILE.len() + VALID.len();
+    let per_instance = "count by (instance) (vllm:num_requests_waiting{job=\"hostile\"})";
+    prom.wait_for_series(per_instance, all, Duration::from_secs(30)).await;
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let listen = ports::free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_llm-load-controller"))
+        .args(["run", "--dry-run", "--interval", "1s", "--selector", "{job=\"hostile\"}"])
+        .args(["--prometheus", &prom.url(), "--listen", &format!("127.0.0.1:{listen}")])
+        .env("RUST_LOG", "info")
+        .stdout(std::fs::File::create(dir.path().join("stdout")).expect("stdout file"))
+        .stderr(std::fs::File::create(dir.path().join("stderr")).expect("stderr file"))
+        .spawn()
+        .expect("start controller");
+    let c = Controller { child, listen, dir };
+
+    // Three cycles with every valid member computed.
+    let report =
+        wait::until(Duration::from_secs(30), "3 cycles with ratios for the valid members", || async {
+            let v: Value = serde_json::from_str(&c.get("/v1/ratios").await).ok()?;
+            let pool = v["pools"].as_array()?.iter().find(|p| p["pool"] == "quickstart")?.clone();
+            let members: BTreeSet<String> = pool["members"]
+                .as_array()?
+                .iter()
+                .filter(|m| m["ratio"].as_u64().is_some_and(|r| r > 0))
+                .filter_map(|m| Some(m["member"].as_str()?.to_string()))
+                .collect();
+            let cycles = c.read("stdout").lines().filter(|l| l.contains("pool quickstart")).count();
+            (members.len() == VALID.len() && cycles >= 3).then_some(pool)
+        })
+        .await;
+    let members: BTreeSet<&str> =
+        report["members"].as_array().expect("members").iter().filter_map(|m| m["member"].as_str()).collect();
+    assert_eq!(members, VALID.iter().copied().collect(), "exactly the valid members are in the pool");
+
+    // /metrics: parses, no forged family, member labels only of valid members, the refusals counted.
+    let page = c.get("/metrics").await;
+    let (_, said) = promtool_check(&page);
+    // promtool reads the classic text format, where a counter's HELP is under its `_total` name;
+    // OpenMetrics puts it under the family name. That lint, for a family whose HELP is on the
+    // page, is the only thing it may say: a parse error or any other finding fails.
+    for line in said.lines().filter(|l| !l.trim().is_empty()) {
+        let family = line.strip_suffix("_total no help text");
+        let explained = family.is_some_and(|f| page.contains(&format!("# HELP {f} ")));
+        assert!(explained, "promtool check metrics: {line:?}\n{said}\n{page}");
+    }
+    assert!(
+        !page.lines().any(|l| l.starts_with("llmlc_forged_series")),
+        "forged series on the page:\n{page}"
+    );
+    let labelled: BTreeSet<String> = label_values(&page, "member");
+    assert!(
+        labelled.iter().all(|m| VALID.contains(&m.as_str())),
+        "member labels outside the valid members: {labelled:?}"
+    );
+    let refused = page
+        .lines()
+        .find(|l| l.starts_with("llmlc_member_errors_total{") && l.contains("reason=\"invalid_name\""))
+        .unwrap_or_else(|| panic!("refusals are counted:\n{page}"));
+    assert!(!refused.contains("member="), "no raw name in the label: {refused}");
+    let count: f64 = refused.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a count");
+    assert!(count >= 3.0 * HOSTILE.len() as f64, "each refusal counted each cycle: {refused}");
+
+    // The sideband feed: a header and one line per valid member, three fields each.
+    let feed = c.get("/v1/ratios/quickstart").await;
+    let lines: Vec<&str> = feed.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(lines.len(), VALID.len(), "one line per valid member:\n{feed}");
+    assert!(lines.iter().all(|l| l.split(' ').count() == 3), "address port ratio:\n{feed}");
+    assert!(!feed.contains("10.6.6.6"), "no forged member line:\n{feed}");
+
+    // JSON feeds parse; the status page is ours, static, and holds none of the names.
+    assert!(serde_json::from_str::<Value>(&c.get("/v1/history").await).is_ok(), "history is JSON");
+    assert!(!c.get("/").await.contains("alert(1)"), "the status page does not embed names");
+
+    // Logs: one record per line, each refused name logged once (escaped), none forged.
+    let log = c.read("stderr");
+    let record = regex::Regex::new(r"^\S+Z\s+(TRACE|DEBUG|INFO|WARN|ERROR) ").expect("regex");
+    for line in log.lines() {
+        assert!(record.is_match(line), "a line that is not a log record: {line:?}\n{log}");
+    }
+    assert!(!log.lines().any(|l| l.starts_with("2026-12-06T00:00:00.000000Z")), "a forged record:\n{log}");
+    let warned = log.lines().filter(|l| l.contains("not a member name")).count();
+    assert!(
+        log.contains(r#"name=evil\"\u{7d}\u{20}1\nllmlc_forged_series"#),
+        "escaped in the record:\n{log}"
+    );
+    assert_eq!(warned, HOSTILE.len(), "each refused name once, not every cycle:\n{log}");
+
+    // The dry-run table: pool headers, the column header and member lines; members all valid.
+    let table = c.read("stdout");
+    for line in table.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        let known = line.is_empty()
+            || line.contains(" pool quickstart ")
+            || first == "MEMBER"
+            || first == "error:"
+            || VALID.contains(&first);
+        assert!(known, "a table line that is not a record: {line:?}\n{table}");
+    }
+}
