@@ -218,3 +218,110 @@ async fn hostile_instance_labels_break_no_output_and_valid_members_still_get_rat
         assert!(known, "a table line that is not a record: {line:?}\n{table}");
     }
 }
+
+/// Names made of the characters that break outputs, mixed with ordinary ones, and any UTF-8.
+fn hostile_name() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let nasty = prop::sample::select(vec![
+        'a', 'Z', '0', '9', '.', ':', '-', '_', '%', '/', '[', ']', '"', '\\', '\n', '\r', '\t', ' ', '{',
+        '}', '<', '>', '&', '=', ',', '#', '\u{1b}', '\u{85}', '\u{2028}', 'é',
+    ]);
+    prop_oneof![
+        prop::collection::vec(nasty, 0..24).prop_map(|v| v.into_iter().collect::<String>()),
+        any::<Vec<u8>>().prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
+        "[a-z0-9.-]{1,20}:[0-9]{1,5}",
+    ]
+}
+
+/// A cycle report of one pool whose members are `names`, as the controller fills it.
+fn report_of(names: &[String]) -> llm_load_controller::report::CycleReport {
+    use llm_load_controller::report::{CycleReport, MemberReport, PoolReport};
+    let members = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| MemberReport { member: n.clone(), ratio: 1 + i as u32, ..Default::default() })
+        .collect();
+    CycleReport {
+        ts: "2026-12-06T00:00:00Z".into(),
+        pools: vec![PoolReport { pool: "p".into(), members, ..Default::default() }],
+    }
+}
+
+/// The controller's exposition with one weight series per name.
+fn page_of(names: &[String]) -> String {
+    use llm_load_controller::telemetry::{labels, Telemetry};
+    let t = Telemetry::new(Duration::from_secs(1), 3);
+    let m = &t.metrics;
+    for (i, n) in names.iter().enumerate() {
+        m.member_ratio.get_or_create(&labels(&[("pool", "p"), ("member", n)])).set(i as f64);
+    }
+    m.encode()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 300,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(27),
+        failure_persistence: None,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Whatever a name holds, even one that skipped the check (defence in depth): the exposition
+    /// has one line per series and gives the name back, the sideband feed has one line per valid
+    /// member, the table one line per member, the JSON round-trips; and a name that passes the
+    /// check holds nothing that any output treats as syntax.
+    #[test]
+    fn no_name_changes_the_shape_of_an_output(names in proptest::collection::btree_set(hostile_name(), 0..8)) {
+        let names: Vec<String> = names.into_iter().collect();
+        for n in &names {
+            if llm_lc_adapters::name::check(n).is_ok() {
+                proptest::prop_assert!(!n.chars().any(|c| c.is_control() || "\"\\ {}<>&=,#'".contains(c)), "{n:?}");
+            }
+            proptest::prop_assert!(llm_lc_adapters::name::escape_name(n).chars().all(|c| c.is_ascii_graphic()));
+        }
+
+        let page = page_of(&names);
+        let plain: Vec<String> = (0..names.len()).map(|i| format!("m{i}:1")).collect();
+        proptest::prop_assert_eq!(page.lines().count(), page_of(&plain).lines().count(), "{}", page);
+        let weights = page.lines().filter(|l| l.starts_with("llmlc_member_weight{")).count();
+        proptest::prop_assert_eq!(weights, names.len());
+        let back: BTreeSet<String> = label_values(&page, "member");
+        proptest::prop_assert_eq!(back, names.iter().cloned().collect::<BTreeSet<_>>());
+
+        let report = report_of(&names);
+        let feed = llm_load_controller::telemetry::sideband::pool_text(&report, "p").expect("pool");
+        let valid = names.iter().filter(|n| llm_lc_adapters::name::is_host_port(n)).count();
+        let lines: Vec<&str> = feed.lines().collect();
+        proptest::prop_assert_eq!(lines.len(), 1 + valid, "{}", feed);
+        proptest::prop_assert!(lines[1..].iter().all(|l| l.split(' ').count() == 3), "{}", feed);
+
+        let table = report.to_table();
+        proptest::prop_assert_eq!(table.lines().count(), 2 + names.len(), "{}", table);
+
+        let json: Value = serde_json::from_str(&serde_json::to_string(&report).expect("serializes")).expect("parses");
+        let members: Vec<&str> = json["pools"][0]["members"].as_array().expect("members").iter().filter_map(|m| m["member"].as_str()).collect();
+        proptest::prop_assert_eq!(members, names.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+}
+
+/// promtool, which parses as Prometheus does, on one page of 300 seeded random hostile names:
+/// nothing but the OpenMetrics-vs-classic HELP lint, and one sample per name.
+#[test]
+fn promtool_parses_a_page_of_hostile_names() {
+    use proptest::strategy::{Strategy, ValueTree};
+    let mut runner = proptest::test_runner::TestRunner::new_with_rng(
+        Default::default(),
+        proptest::test_runner::TestRng::from_seed(proptest::test_runner::RngAlgorithm::ChaCha, &[27; 32]),
+    );
+    let names: BTreeSet<String> =
+        (0..300).map(|_| hostile_name().new_tree(&mut runner).expect("a name").current()).collect();
+    let names: Vec<String> = names.into_iter().collect();
+    let page = page_of(&names);
+    let (_, said) = promtool_check(&page);
+    for line in said.lines().filter(|l| !l.trim().is_empty()) {
+        let family = line.strip_suffix("_total no help text");
+        assert!(family.is_some_and(|f| page.contains(&format!("# HELP {f} "))), "promtool: {line:?}\n{said}");
+    }
+    let weights = page.lines().filter(|l| l.starts_with("llmlc_member_weight{")).count();
+    assert_eq!(weights, names.len());
+}
