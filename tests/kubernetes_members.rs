@@ -301,3 +301,120 @@ async fn tiers_can_follow_the_zone_of_each_endpoint() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("pools[0].priority.tiers[0].labels"), "{err}");
 }
+
+/// Distinct `member` label values on a metrics page.
+fn member_labels(page: &str) -> BTreeSet<String> {
+    let re = regex::Regex::new(r#"[{,]member="([^"\\]*)""#).expect("regex");
+    re.captures_iter(page).map(|c| c[1].to_string()).collect()
+}
+
+/// Members churn: every two cycles the Service's endpoints are 10 new pods (8 answering, so
+/// each has its gauges; 2 not, so each has a `member_errors_total` series), and a hostile address
+/// beside them. The page only ever holds the current and the previous generation, the hostile
+/// address never, and once churning stops only the last generation is left within two cycles.
+/// `LLMLC_CHURN_SECS` sets the length (default 15 s; the issue's soak is minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churning_members_leave_no_series_behind() {
+    let secs: u64 = std::env::var("LLMLC_CHURN_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(15);
+    let kube = FakeKube::start(&["t1"]).await;
+    // One slice per pod, each on its own port (a named target port, as in `put_pod`).
+    async fn generation(kube: &FakeKube, g: usize) -> (Vec<MetricsTarget>, BTreeSet<String>) {
+        let mut live = Vec::new();
+        let mut ids = BTreeSet::new();
+        for i in 0..10 {
+            let port = if i < 8 {
+                let t = MetricsTarget::vllm(1.0, 4.0, 0.3).await;
+                let p = t.addr.port();
+                live.push(t);
+                p
+            } else {
+                ports::free_port()
+            };
+            kube.put_endpoint_slice(
+                NS,
+                &format!("churn-{g}-{i}"),
+                "vllm",
+                "IPv4",
+                &[("127.0.0.1", Some(true))],
+                &[("http", port)],
+            );
+            ids.insert(format!("127.0.0.1:{port}"));
+        }
+        (live, ids)
+    }
+    let retire = |g: usize| {
+        for i in 0..10 {
+            kube.delete_endpoint_slice(NS, &format!("churn-{g}-{i}"));
+        }
+    };
+    kube.put_endpoint_slice(
+        NS,
+        "hostile",
+        "vllm",
+        "IPv4",
+        &[("10.0.0.1:1\"} 1\nllmlc_forged_series", Some(true))],
+        &[("http", 1)],
+    );
+    let (mut pods, mut ids) = generation(&kube, 0).await;
+    let run = Running::start(&kube.url(), "t1");
+    let metrics = || async {
+        reqwest::get(format!("http://127.0.0.1:{}/metrics", run.listen)).await.ok()?.text().await.ok()
+    };
+    let first = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if metrics().await.is_some_and(|p| member_labels(&p) == ids) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    if first.is_err() {
+        panic!(
+            "the first generation never on the page: {}\n{}",
+            metrics().await.unwrap_or_default(),
+            run.log()
+        );
+    }
+
+    let start = std::time::Instant::now();
+    let (mut g, mut most, mut most_lines, mut pages) = (0, 0, 0, 0);
+    while start.elapsed() < Duration::from_secs(secs) {
+        g += 1;
+        let (new_pods, new_ids) = generation(&kube, g).await;
+        retire(g - 1);
+        let live: BTreeSet<String> = ids.union(&new_ids).cloned().collect();
+        // Two cycles of 200 ms per generation, the page read in between.
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let Some(page) = metrics().await else { continue };
+            assert!(!page.lines().any(|l| l.starts_with("llmlc_forged_series")), "{page}");
+            let seen = member_labels(&page);
+            assert!(
+                seen.is_subset(&live),
+                "generation {g}: series of members long gone: {:?}",
+                seen.difference(&live)
+            );
+            most = most.max(seen.len());
+            most_lines = most_lines.max(page.lines().filter(|l| l.contains("member=\"")).count());
+            pages += 1;
+        }
+        (pods, ids) = (new_pods, new_ids);
+    }
+    assert!(g >= 10 && pages >= 10, "churned {g} generations, read {pages} pages");
+    // 16 gauge families per member at most, and an error series.
+    assert!(
+        most <= 20 && most_lines <= 20 * 17,
+        "at most two generations: {most} members, {most_lines} lines"
+    );
+    wait::until(Duration::from_millis(1200), "only the last generation, within two cycles or so", || async {
+        (member_labels(&metrics().await?) == ids).then_some(())
+    })
+    .await;
+    let page = metrics().await.unwrap_or_default();
+    assert!(page.contains("reason=\"unreachable\""), "the dead pods' errors are on the page: {page}");
+    drop(pods);
+    let log = run.log();
+    assert!(log.contains("not a member name"), "the hostile address is refused: {log}");
+    eprintln!("churned {g} generations ({} members), at most {most} members and {most_lines} member lines on a page", g * 10);
+}
