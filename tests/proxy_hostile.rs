@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use llm_lc_proxy::config;
 use llm_lc_sim::ModelProfile;
 use llm_lc_testkit::proxy::*;
-use serde_json::{json, Value};
+use serde_json::json;
 
 const NASTY: &str = "m\"} 1\nllmlc_forged_series{a=\"<script>alert(1)</script>\\";
 
