@@ -235,9 +235,10 @@ pub fn member(m: &MemberId) -> Result<(), String> {
     if host.contains(':') && !s.starts_with('[') {
         return Err(format!("\"{s}\": write an IPv6 member as [address]:port"));
     }
-    let bracketed = if host.contains(':') { format!("[{host}]") } else { host.to_string() };
-    if url::Host::parse(&bracketed).is_err() {
-        return Err(format!("\"{s}\": {host:?} is not a host name or IP address"));
+    if !llm_lc_adapters::name::is_host_port(s) {
+        return Err(format!(
+            "\"{s}\": {host:?} is not an RFC 1123 host name, an IPv4 address or a bracketed IPv6 address"
+        ));
     }
     Ok(())
 }
