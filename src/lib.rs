@@ -30,6 +30,7 @@ pub mod config;
 pub mod controller;
 pub mod cycle;
 pub mod leader;
+pub mod offline;
 pub mod overrides;
 pub mod plan;
 pub mod policy;

@@ -33,6 +33,10 @@ enum Command {
     Check {
         #[arg(long, short, env = "LLMLC_CONFIG")]
         config: PathBuf,
+        /// Reach nothing: read no file the config names (CA bundles, Secrets) and no network; list
+        /// what was taken on trust. For a config written for a pod, checked on a laptop or in CI.
+        #[arg(long)]
+        offline: bool,
     },
     /// Run a simulated vLLM fleet (OpenAI API + vLLM metrics).
     #[cfg(feature = "tools")]
@@ -145,7 +149,7 @@ fn init_logging(format: LogFormat) {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { config } => check(&config),
+        Command::Check { config, offline } => check(&config, offline),
         Command::Run(args) => run(args).await,
         #[cfg(feature = "tools")]
         Command::Sim(args) => {
@@ -178,10 +182,20 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
     }
 }
 
-fn check(path: &std::path::Path) -> ExitCode {
-    match config::load(path) {
+fn check(path: &std::path::Path, offline: bool) -> ExitCode {
+    let loaded = if offline { config::load_offline(path) } else { config::load(path) };
+    match loaded {
         Ok(cfg) => {
             print!("{}", llm_load_controller::plan::describe(&cfg));
+            if offline {
+                // YAML comments: the plan above still parses as it does without --offline.
+                let text = std::fs::read_to_string(path).unwrap_or_default();
+                let trusted = llm_load_controller::offline::unverified(&text);
+                println!("# offline: {} things not verified", trusted.len());
+                for (field, what) in trusted {
+                    println!("#   {field}: {}", llm_lc_adapters::name::escape_controls(&what));
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

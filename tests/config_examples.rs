@@ -12,12 +12,7 @@ fn check(path: &Path) -> std::process::Output {
 
 /// `check` of an example written for a pod: its mounted files (CA bundles) do not exist here.
 fn check_elsewhere(path: &Path) -> std::process::Output {
-    Command::new(BIN)
-        .args(["check", "--config"])
-        .arg(path)
-        .env("LLMLC_SKIP_FILE_CHECKS", "1")
-        .output()
-        .expect("run check")
+    Command::new(BIN).args(["check", "--offline", "--config"]).arg(path).output().expect("run check")
 }
 
 #[test]
@@ -40,6 +35,45 @@ fn every_example_in_config_passes_check() {
         n += 1;
     }
     assert!(n >= 3, "expected at least three controller configs in config/, found {n}");
+}
+
+/// The shipped OpenShift config names the pod's mounted CA bundle and Secrets: plain `check` on a
+/// laptop names the file it cannot read; `check --offline` passes, reads none of them, and lists
+/// each as not verified, with the field; its plan is plain `check`'s plus comments.
+#[test]
+fn offline_check_passes_a_pod_config_here_and_lists_what_it_took_on_trust() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/openshift-bigip.yaml");
+    let plain = check(&path);
+    let err = String::from_utf8_lossy(&plain.stderr);
+    if !Path::new("/etc/llm-load-controller/service-ca/service-ca.crt").exists() {
+        assert_eq!(plain.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(
+                "sources.thanos.ca_file: cannot read /etc/llm-load-controller/service-ca/service-ca.crt"
+            ),
+            "{err}"
+        );
+    }
+    let off = check_elsewhere(&path);
+    let out = String::from_utf8_lossy(&off.stdout);
+    assert!(off.status.success(), "{}", String::from_utf8_lossy(&off.stderr));
+    for line in [
+        "#   sources.thanos.ca_file: CA bundle /etc/llm-load-controller/service-ca/service-ca.crt (not read)",
+        "#   sources.thanos.bearer_token.file: secret file /var/run/secrets/kubernetes.io/serviceaccount/token (not read)",
+        "#   sources.thanos.url: https://thanos-querier.openshift-monitoring.svc:9091 (not reached)",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line:?} missing from\n{out}");
+    }
+    let plan = |text: &str| -> String {
+        text.lines().filter(|l| !l.starts_with('#')).map(|l| format!("{l}\n")).collect()
+    };
+    let with_files = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&path)
+        .env("LLMLC_SKIP_FILE_CHECKS", "1")
+        .output()
+        .expect("run check");
+    assert_eq!(plan(&out), plan(&String::from_utf8_lossy(&with_files.stdout)), "the same plan");
 }
 
 /// Routing tables for the reference proxy live in config/ too; they are checked by the proxy's tests.

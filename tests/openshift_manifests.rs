@@ -409,12 +409,8 @@ fn every_overlay_config_passes_check() {
     for o in OVERLAYS {
         let p = root().join("overlays").join(o).join("controller.yaml");
         // Written for the pod: its mounted CA bundle does not exist here.
-        let out = Command::new(BIN)
-            .args(["check", "--config"])
-            .arg(&p)
-            .env("LLMLC_SKIP_FILE_CHECKS", "1")
-            .output()
-            .expect("run check");
+        let out =
+            Command::new(BIN).args(["check", "--offline", "--config"]).arg(&p).output().expect("run check");
         assert!(out.status.success(), "{}: {}", p.display(), String::from_utf8_lossy(&out.stderr));
     }
 }
@@ -667,12 +663,7 @@ fn check_overlay(o: &str, objs: &[Obj]) {
     let tmp = tempfile::tempdir().expect("tmp");
     let f = tmp.path().join(key);
     std::fs::write(&f, text).expect("write");
-    let out = Command::new(BIN)
-        .args(["check", "--config"])
-        .arg(&f)
-        .env("LLMLC_SKIP_FILE_CHECKS", "1")
-        .output()
-        .expect("check");
+    let out = Command::new(BIN).args(["check", "--offline", "--config"]).arg(&f).output().expect("check");
     assert!(
         out.status.success(),
         "{o}: the ConfigMap's config fails check: {}",
