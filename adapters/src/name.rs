@@ -105,10 +105,12 @@ fn is_dns_name(s: &str) -> bool {
 }
 
 /// A load balancer's own member name: HAProxy's server-name alphabet (letters, digits, `- _ . :`)
-/// plus BIG-IP's `%` route domains and `/Partition/` paths. Brackets belong to IPv6 only.
+/// plus BIG-IP's `%` route domains and `/Partition/` paths. Brackets belong to IPv6 only, and `/`
+/// to a full path from its start: `10.0.0.1:8000/x` would become a scrape URL's path.
 fn is_lb_name(s: &str) -> bool {
     let first_ok = s.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '/');
-    first_ok && !s.contains(['[', ']']) && !s.contains("//")
+    let path_ok = !s.contains('/') || (s.starts_with('/') && !s.contains("//") && !s.ends_with('/'));
+    first_ok && path_ok && !s.contains(['[', ']'])
 }
 
 /// `s` with everything outside the member-name alphabet written as a Rust-style escape (`\n`,
@@ -194,6 +196,8 @@ mod tests {
             ("[not-v6]:80", InvalidName::Shape),
             ("-web:80", InvalidName::Shape),
             ("/a//b", InvalidName::Shape),
+            ("10.0.0.1:8000/x", InvalidName::Shape),
+            ("/Common/", InvalidName::Shape),
         ] {
             assert_eq!(check(bad), Err(why), "{bad:?}");
         }

@@ -311,7 +311,7 @@ impl ProxyConfig {
                 err(format!("{at}.members"), format!("pool {:?} needs at least one member", p.name));
             }
             for (j, m) in p.members.iter().enumerate() {
-                if m.host_port().is_none() {
+                if m.host_port().is_none() || !llm_lc_adapters::name::is_host_port(m.as_str()) {
                     err(format!("{at}.members[{j}]"), format!("{m:?} is not host:port"));
                 }
                 if p.members[..j].contains(m) {

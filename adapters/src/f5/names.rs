@@ -20,9 +20,21 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 use crate::MemberId;
 
 /// Characters that cannot appear raw in one path segment. `%` is the one that matters for BIG-IP
-/// (route domains); the rest would make the URL ambiguous if a name ever contained them.
-const SEGMENT: &AsciiSet =
-    &CONTROLS.add(b' ').add(b'"').add(b'#').add(b'%').add(b'/').add(b'?').add(b'<').add(b'>');
+/// (route domains); the rest would make the URL ambiguous if a name ever contained them. `\` too:
+/// the URL parser reads it as `/` in http(s) URLs and then resolves `..`, so a member name read
+/// back from the BIG-IP holding `\..\` would otherwise aim a PATCH at another iControl path.
+const SEGMENT: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'/')
+    .add(b'\\')
+    .add(b'?')
+    .add(b'<')
+    .add(b'>')
+    .add(b'{')
+    .add(b'}');
 
 /// A pool's full path, checked: `/Partition/name` or `/Partition/folder/name`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +152,16 @@ mod tests {
         assert_eq!(member_segment("Common", "10.1.1.1%2:80"), "~Common~10.1.1.1%252:80");
         assert_eq!(member_segment("Common", "2001:db8::1.80"), "~Common~2001:db8::1.80");
         assert_eq!(member_segment("Common", "2001:db8::1%3.80"), "~Common~2001:db8::1%253.80");
+    }
+
+    #[test]
+    fn backslashes_and_dots_cannot_climb_out_of_the_member_path() {
+        let segment = member_segment("Common", "a\\..\\..\\b");
+        assert_eq!(segment, "~Common~a%5C..%5C..%5Cb");
+        let url = reqwest::Url::parse("https://lb/mgmt/tm/ltm/pool/~Common~p/members/")
+            .and_then(|base| base.join(&segment))
+            .expect("joins");
+        assert_eq!(url.path(), "/mgmt/tm/ltm/pool/~Common~p/members/~Common~a%5C..%5C..%5Cb");
     }
 
     #[test]
