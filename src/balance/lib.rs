@@ -12,6 +12,12 @@
 //!   BIG-IP's `ratio-least-connections-member` and HAProxy's weighted `leastconn` (full scan).
 //! - `weighted-least-request-p2c`: the same score over two members drawn at random (power of two
 //!   choices): O(1) per pick and less herding when many proxies share a fleet.
+//! - `prefix-affinity`: a request with a key (a prefix or session key) goes where its key hashes
+//!   on a weighted consistent-hash ring, unless that member is over its load bound ([`ring`]:
+//!   HAProxy's `hash-type consistent` with `hash-balance-factor`); a request without a key is a
+//!   `weighted-least-request` pick.
+
+pub mod ring;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -26,6 +32,7 @@ pub enum Algorithm {
     WeightedRoundRobin,
     WeightedLeastRequest,
     WeightedLeastRequestP2c,
+    PrefixAffinity,
 }
 
 impl Algorithm {
@@ -35,6 +42,7 @@ impl Algorithm {
             Algorithm::WeightedRoundRobin
                 | Algorithm::WeightedLeastRequest
                 | Algorithm::WeightedLeastRequestP2c
+                | Algorithm::PrefixAffinity
         )
     }
 }
@@ -53,6 +61,9 @@ pub struct Picker {
     slots: Vec<Slot>,
     next_rr: usize,
     rng: ChaCha8Rng,
+    /// `prefix-affinity`'s ring, rebuilt when the weights change.
+    ring: ring::Ring,
+    balance_factor: u32,
 }
 
 impl Picker {
@@ -63,7 +74,19 @@ impl Picker {
             slots: (0..n).map(|_| Slot { weight: 1, in_flight: 0, current: 0 }).collect(),
             next_rr: 0,
             rng: ChaCha8Rng::seed_from_u64(seed),
+            ring: if algo == Algorithm::PrefixAffinity {
+                ring::Ring::new(&vec![1; n])
+            } else {
+                ring::Ring::default()
+            },
+            balance_factor: ring::DEFAULT_BALANCE_FACTOR,
         }
+    }
+
+    /// `prefix-affinity`'s load bound, in percent of a member's weighted share (HAProxy's
+    /// `hash-balance-factor`; below 100 means 100).
+    pub fn set_balance_factor(&mut self, factor: u32) {
+        self.balance_factor = factor.max(100);
     }
 
     pub fn algorithm(&self) -> Algorithm {
@@ -90,6 +113,9 @@ impl Picker {
         for (s, &w) in self.slots.iter_mut().zip(weights) {
             s.weight = w;
         }
+        if self.algo == Algorithm::PrefixAffinity && self.ring.weights() != weights {
+            self.ring = ring::Ring::new(weights);
+        }
     }
 
     pub fn weights(&self) -> Vec<u32> {
@@ -111,6 +137,23 @@ impl Picker {
     pub fn finished(&mut self, i: usize) {
         if let Some(s) = self.slots.get_mut(i) {
             s.in_flight = s.in_flight.saturating_sub(1);
+        }
+    }
+
+    /// Choose a member for a request with this affinity key (`None`: the request has none). Only
+    /// `prefix-affinity` reads the key; every other algorithm is [`Picker::pick`].
+    pub fn pick_keyed(&mut self, key: Option<u64>, eligible: impl Fn(usize) -> bool) -> Option<usize> {
+        let Some(key) = key.filter(|_| self.algo == Algorithm::PrefixAffinity) else {
+            return self.pick(eligible);
+        };
+        let any_positive = (0..self.slots.len()).any(|i| eligible(i) && self.slots[i].weight > 0);
+        let in_flight: Vec<u32> = self.slots.iter().map(|s| s.in_flight).collect();
+        let slots = &self.slots;
+        let ok = |i: usize| eligible(i) && (!any_positive || slots[i].weight > 0);
+        match self.ring.pick(key, &in_flight, self.balance_factor, ok) {
+            Some(i) => Some(i),
+            // Every weight is 0, so the ring is empty: any eligible member will do.
+            None => self.least_by(score, &|i, _| eligible(i)),
         }
     }
 
@@ -140,7 +183,7 @@ impl Picker {
                 (!cands.is_empty()).then(|| cands[self.rng.gen_range(0..cands.len())])
             }
             Algorithm::LeastRequest => self.least_by(|s| s.in_flight as f64, &ok),
-            Algorithm::WeightedLeastRequest => self.least_by(score, &ok),
+            Algorithm::WeightedLeastRequest | Algorithm::PrefixAffinity => self.least_by(score, &ok),
             Algorithm::WeightedLeastRequestP2c => {
                 let cands: Vec<usize> = (0..n).filter(|&i| ok(i, &self.slots)).collect();
                 match cands.len() {
@@ -292,6 +335,32 @@ mod tests {
             }
             assert_eq!(p.pick(|_| false), None, "{algo:?}");
         }
+    }
+
+    #[test]
+    fn prefix_affinity_keeps_a_key_on_one_member_until_it_is_over_its_bound() {
+        let mut p = Picker::new(Algorithm::PrefixAffinity, 4, 5);
+        p.set_weights(&[50, 50, 50, 50]);
+        let home = p.pick_keyed(Some(77), |_| true).expect("pick");
+        // Other keys keep the pool busy; key 77 stays home while home is within 1.5x its share.
+        for i in 0..4 {
+            p.started(i);
+            p.started(i);
+        }
+        assert_eq!(p.pick_keyed(Some(77), |_| true), Some(home));
+        for _ in 0..3 {
+            p.started(home);
+        }
+        let moved = p.pick_keyed(Some(77), |_| true).expect("pick");
+        assert_ne!(moved, home, "5 in flight against a bound of ceil(12 x 1.5) / 4 = 4 or 5");
+        assert_eq!(p.pick_keyed(Some(77), |i| i != home && i != moved).map(|i| i == home), Some(false));
+        // No key: weighted least-request, which picks an idle member.
+        p.finished(3);
+        p.finished(3);
+        assert!(p.pick_keyed(None, |_| true).is_some());
+        // A weight-0 member gets no keys while anyone else has weight.
+        p.set_weights(&[0, 50, 50, 50]);
+        assert!((0..200).all(|k| p.pick_keyed(Some(k), |_| true) != Some(0)));
     }
 
     #[test]

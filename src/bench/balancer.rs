@@ -22,6 +22,16 @@
 //! plus llm-d's active-request scorer (the picker's own in-flight count per replica, min-max
 //! normalized, weight 2), and each replica's metrics refreshed on its own timer at an independent
 //! phase (as separate scrapes are), so no single instant decides a window's worth of requests.
+//!
+//! `prefix-affinity` is what we ship for prompts that share prefixes: the request's prefix key
+//! hashed on a consistent-hash ring weighted by the controller's ratios, with HAProxy's bounded
+//! load ([`llm_lc_balance::ring`]); a request without a key is a `ratio-least-request` pick.
+//!
+//! `epp-prefix` is the anchor for it, a per-request picker like llm-d's with its approximate
+//! prefix-cache scorer: per replica an index of the block hashes it was sent (LRU, as many blocks as
+//! the replica's KV cache holds), scoring each replica by the share of the request's leading
+//! prompt blocks found in its index, weight 3, beside the queue and KV-usage scorers, weight 2 each
+//! (llm-d's published scheduler defaults), with `epp-active`'s per-replica 50 ms refresh phases.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -50,6 +60,10 @@ pub enum Balancer {
     StaticRatio,
     /// Weighted least-request with fixed weights proportional to calibrated capacity.
     StaticRatioLeastRequest,
+    /// Consistent hashing of the prefix key with bounded load, the ring weighted by the ratios.
+    PrefixAffinity,
+    /// `epp`'s scorers plus an approximate prefix-cache scorer (llm-d).
+    EppPrefix,
 }
 
 /// The six balancers of the issue, in report order.
@@ -74,7 +88,14 @@ pub const ALL: &[Balancer] = &[
     Balancer::RatioP2c,
     Balancer::Epp,
     Balancer::EppActive,
+    Balancer::PrefixAffinity,
+    Balancer::EppPrefix,
 ];
+
+/// The balancers of the prefix goals (src/bench/RESULTS.md): what we ship, its anchor, and the
+/// cache-blind baselines.
+pub const PREFIX_SET: &[Balancer] =
+    &[Balancer::LeastRequest, Balancer::RatioLeastRequest, Balancer::PrefixAffinity, Balancer::EppPrefix];
 
 /// The balancers of the goals grid (src/bench/RESULTS.md): the controller's two modes against the
 /// strongest baselines of each kind.
@@ -101,6 +122,8 @@ impl Balancer {
             Balancer::EppActive => "epp-active",
             Balancer::StaticRatio => "static-ratio",
             Balancer::StaticRatioLeastRequest => "static-ratio-least-request",
+            Balancer::PrefixAffinity => "prefix-affinity",
+            Balancer::EppPrefix => "epp-prefix",
         }
     }
 
@@ -115,7 +138,10 @@ impl Balancer {
 
     /// Whether the controller's ratios drive this balancer.
     pub fn uses_ratios(self) -> bool {
-        matches!(self, Balancer::Ratio | Balancer::RatioLeastRequest | Balancer::RatioP2c)
+        matches!(
+            self,
+            Balancer::Ratio | Balancer::RatioLeastRequest | Balancer::RatioP2c | Balancer::PrefixAffinity
+        )
     }
 
     /// Whether this balancer holds fixed capacity-proportional weights.
@@ -125,7 +151,12 @@ impl Balancer {
 
     /// Whether this balancer reads the servers' gauges (an endpoint picker).
     pub fn is_epp(self) -> bool {
-        matches!(self, Balancer::Epp | Balancer::EppActive)
+        matches!(self, Balancer::Epp | Balancer::EppActive | Balancer::EppPrefix)
+    }
+
+    /// Whether each replica's metrics refresh on their own phase (`epp` refreshes all at once).
+    pub fn refreshes_per_replica(self) -> bool {
+        matches!(self, Balancer::EppActive | Balancer::EppPrefix)
     }
 
     /// The LB algorithm the controller's ratios feed, as a policy knows it: `round-robin` for
@@ -147,7 +178,8 @@ impl Balancer {
                 Algorithm::WeightedLeastRequest
             }
             Balancer::RatioP2c => Algorithm::WeightedLeastRequestP2c,
-            Balancer::Epp | Balancer::EppActive => return None,
+            Balancer::PrefixAffinity => Algorithm::PrefixAffinity,
+            Balancer::Epp | Balancer::EppActive | Balancer::EppPrefix => return None,
         })
     }
 }
@@ -157,6 +189,46 @@ impl Balancer {
 pub struct EppView {
     pub waiting: u32,
     pub kv_usage: f64,
+}
+
+/// What a balancer may know of a request: its affinity key and its prompt's block hashes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Route<'a> {
+    pub key: Option<u64>,
+    /// The prompt's full blocks (a prefix of the request's hash chain).
+    pub blocks: &'a [u64],
+}
+
+/// Weight of the prefix-cache scorer in `epp-prefix` (llm-d's default).
+const EPP_PREFIX_WEIGHT: f64 = 3.0;
+
+/// Block hashes a replica was sent, least recently sent evicted first.
+#[derive(Debug, Clone, Default)]
+struct SentIndex {
+    stamp_of: std::collections::HashMap<u64, u64>,
+    by_stamp: std::collections::BTreeMap<u64, u64>,
+    clock: u64,
+    capacity: usize,
+}
+
+impl SentIndex {
+    fn matched(&self, blocks: &[u64]) -> usize {
+        blocks.iter().take_while(|h| self.stamp_of.contains_key(h)).count()
+    }
+
+    fn record(&mut self, blocks: &[u64]) {
+        for &h in blocks {
+            self.clock += 1;
+            if let Some(old) = self.stamp_of.insert(h, self.clock) {
+                self.by_stamp.remove(&old);
+            }
+            self.by_stamp.insert(self.clock, h);
+        }
+        while self.stamp_of.len() > self.capacity {
+            let Some((_, h)) = self.by_stamp.pop_first() else { break };
+            self.stamp_of.remove(&h);
+        }
+    }
 }
 
 /// Weights of the two scorers in the Inference Extension's default profile.
@@ -175,6 +247,8 @@ pub struct Lb {
     ties: Vec<usize>,
     /// Replicas this balancer may choose (all, unless the pool is tiered: `region-spill`).
     eligible: Vec<bool>,
+    /// `epp-prefix`: what each replica was sent.
+    sent: Vec<SentIndex>,
 }
 
 impl Lb {
@@ -188,7 +262,19 @@ impl Lb {
             epp: vec![EppView::default(); n],
             ties: Vec::with_capacity(n),
             eligible: vec![true; n],
+            sent: Vec::new(),
         }
+    }
+
+    /// `epp-prefix`: each replica's index holds as many blocks as its KV cache.
+    pub fn set_cache_blocks(&mut self, blocks: &[u32]) {
+        self.sent =
+            blocks.iter().map(|&b| SentIndex { capacity: b as usize, ..SentIndex::default() }).collect();
+    }
+
+    /// `prefix-affinity`'s load bound (HAProxy's `hash-balance-factor`).
+    pub fn set_balance_factor(&mut self, factor: u32) {
+        self.picker.set_balance_factor(factor);
     }
 
     /// Limit the choice to some replicas (a tiered pool's active tiers). Nobody eligible means
@@ -209,15 +295,23 @@ impl Lb {
         self.picker.weights()
     }
 
-    /// Choose a replica for a new request and count it in flight there.
+    /// Choose a replica for a request that tells nothing about itself.
     pub fn pick(&mut self) -> usize {
+        self.pick_route(Route::default())
+    }
+
+    /// Choose a replica for a new request and count it in flight there.
+    pub fn pick_route(&mut self, route: Route<'_>) -> usize {
         let i = match self.kind {
-            Balancer::Epp | Balancer::EppActive => self.pick_epp(),
+            Balancer::Epp | Balancer::EppActive | Balancer::EppPrefix => self.pick_epp(route.blocks),
             _ => {
                 let eligible = &self.eligible;
-                self.picker.pick(|i| eligible.get(i).copied().unwrap_or(true)).unwrap_or(0)
+                self.picker.pick_keyed(route.key, |i| eligible.get(i).copied().unwrap_or(true)).unwrap_or(0)
             }
         };
+        if let Some(index) = self.sent.get_mut(i) {
+            index.record(route.blocks);
+        }
         self.picker.started(i);
         i
     }
@@ -230,7 +324,7 @@ impl Lb {
         self.picker.in_flight(i)
     }
 
-    fn pick_epp(&mut self) -> usize {
+    fn pick_epp(&mut self, blocks: &[u64]) -> usize {
         let ok = |i: usize| self.eligible.get(i).copied().unwrap_or(true);
         let (lo, hi) = self
             .epp
@@ -239,6 +333,7 @@ impl Lb {
             .filter(|(i, _)| ok(*i))
             .fold((u32::MAX, 0), |(lo, hi), (_, v)| (lo.min(v.waiting), hi.max(v.waiting)));
         let active = self.kind == Balancer::EppActive;
+        let prefix = self.kind == Balancer::EppPrefix && !blocks.is_empty();
         let n = self.epp.len();
         let (alo, ahi) = (0..n)
             .filter(|&i| ok(i))
@@ -252,6 +347,10 @@ impl Lb {
                 let a = self.picker.in_flight(i);
                 let own = if ahi == alo { 1.0 } else { (ahi - a) as f64 / (ahi - alo) as f64 };
                 score += EPP_ACTIVE_WEIGHT * own;
+            }
+            if prefix {
+                let matched = self.sent.get(i).map_or(0, |s| s.matched(blocks));
+                score += EPP_PREFIX_WEIGHT * matched as f64 / blocks.len() as f64;
             }
             if score > best + 1e-12 {
                 best = score;
@@ -342,6 +441,47 @@ mod tests {
             }
             assert!(seen[2] || seen[3], "{kind:?}: an empty set falls back to everyone");
         }
+    }
+
+    #[test]
+    fn epp_prefix_follows_the_blocks_it_sent_and_forgets_the_oldest() {
+        let mut lb = Lb::new(Balancer::EppPrefix, 3, 1);
+        lb.set_cache_blocks(&[100, 100, 100]);
+        lb.epp = vec![EppView { waiting: 0, kv_usage: 0.3 }; 3];
+        let a: Vec<u64> = (0..50).collect();
+        let first = lb.pick_route(Route { key: None, blocks: &a });
+        // Same gauges everywhere: the replica that was sent the prefix scores 3 more.
+        assert_eq!(lb.pick_route(Route { key: None, blocks: &a }), first);
+        // A queue there outweighs a half match, not a full one.
+        lb.epp[first].waiting = 4;
+        assert_eq!(lb.pick_route(Route { key: None, blocks: &a }), first);
+        let half: Vec<u64> = (0..25).chain(1000..1025).collect();
+        assert_ne!(lb.pick_route(Route { key: None, blocks: &half }), first);
+        // 100 blocks of other prompts push the old prefix out of the index.
+        lb.epp[first].waiting = 0;
+        let other: Vec<u64> = (5000..5100).collect();
+        for _ in 0..2 {
+            lb.sent[first].record(&other);
+        }
+        assert_eq!(lb.sent[first].matched(&a), 0);
+    }
+
+    #[test]
+    fn prefix_affinity_sends_a_key_home_and_plain_requests_by_weight() {
+        let mut lb = Lb::new(Balancer::PrefixAffinity, 3, 1);
+        lb.set_weights(&[50, 50, 50]);
+        let home = lb.pick_route(Route { key: Some(9), blocks: &[] });
+        lb.finished(home);
+        for _ in 0..10 {
+            let i = lb.pick_route(Route { key: Some(9), blocks: &[] });
+            assert_eq!(i, home);
+            lb.finished(i);
+        }
+        let mut c = [0; 3];
+        for _ in 0..30 {
+            c[lb.pick()] += 1;
+        }
+        assert_eq!(c, [10, 10, 10], "no key: weighted least-request");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use std::sync::{Mutex, OnceLock};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use super::prompts::{MultiTurn, SharedPrefix};
 use super::workload::{LengthMix, Lengths};
 use llm_lc_sim::engine::{Engine, EngineEvent, EngineRequest};
 use llm_lc_sim::profile::ModelProfile;
@@ -48,12 +49,16 @@ fn calibrate(profile: &ModelProfile, mix: LengthMix) -> Result<f64, String> {
     engine.set_token_events(false);
     let lengths = Lengths::new(mix, profile.max_model_len);
     let mut rng = ChaCha8Rng::seed_from_u64(CALIBRATION_SEED);
+    let mut draw = sizes(mix, profile.max_model_len, &mut rng);
     let depth = 2 * profile.max_num_seqs as u64;
     let warm = 4 * depth;
     let measure = (20 * depth).max(2000);
     let mut next_id = 0u64;
     let mut add = |engine: &mut Engine, rng: &mut ChaCha8Rng| -> Result<(), String> {
-        let (p, o) = lengths.sample(rng);
+        let (p, o) = match draw.as_mut() {
+            Some(draw) => draw(rng),
+            None => lengths.sample(rng),
+        };
         next_id += 1;
         engine.add_request(EngineRequest::new(next_id, p, o)).map_err(|e| e.to_string())
     };
@@ -80,6 +85,32 @@ fn calibrate(profile: &ModelProfile, mix: LengthMix) -> Result<f64, String> {
         }
     }
     Ok(measure as f64 / (t - t_start))
+}
+
+/// One request's (prompt, output) tokens per call.
+type SizeDraw = Box<dyn FnMut(&mut ChaCha8Rng) -> (u32, u32)>;
+
+/// Sizes of the structured mixes, without their blocks: capacity is what the fleet serves with
+/// no reuse at all. `None` for the plain mixes, which [`Lengths`] draws.
+fn sizes(mix: LengthMix, max_model_len: u32, rng: &mut ChaCha8Rng) -> Option<SizeDraw> {
+    match mix {
+        LengthMix::Sharegpt | LengthMix::LongContext => None,
+        LengthMix::SharedPrefix => {
+            let mut w = SharedPrefix::new(max_model_len, rng);
+            Some(Box::new(move |rng| w.sizes(rng)))
+        }
+        LengthMix::MultiTurn => {
+            let mut w = MultiTurn::new(max_model_len);
+            let mut queue: Vec<(u32, u32)> = Vec::new();
+            Some(Box::new(move |rng| loop {
+                if let Some(s) = queue.pop() {
+                    return s;
+                }
+                w.sizes(rng, &mut queue);
+                queue.reverse();
+            }))
+        }
+    }
 }
 
 #[cfg(test)]

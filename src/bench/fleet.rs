@@ -19,7 +19,13 @@
 //!   `epp-active` copies replica `r`'s, each replica on its own phase;
 //! - `External(r)`: a request reaches replica `r` without passing this LB (`shared-backends`);
 //! - `Tick`: once a second, spreads across replicas are sampled (and recorded for plots);
-//! - `Speed(r)`: a scenario event (a replica slows down).
+//! - `Speed(r)`: a scenario event (a replica slows down);
+//! - `Turn(s)`: session `s`'s next turn (`multi-turn`): sent when the user has read the last answer
+//!   and thought ([`super::prompts`]); a turn whose client gave up ends its session.
+//!
+//! Requests of `shared-prefix` and `multi-turn` carry their blocks' hash chain into the engine's
+//! prefix cache and their key to the balancer; requests of every other scenario carry no blocks
+//! and a key of their own (a client's first bytes or request id: nothing shared to hash on).
 //!
 //! Client timeouts are a FIFO beside the queue (all share one timeout, so they expire in arrival
 //! order): a request still queued, never scheduled, `timeout_s` after it arrived is aborted by its
@@ -41,11 +47,14 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::balancer::{Balancer, EppView, Lb};
+use std::sync::Arc;
+
+use super::balancer::{Balancer, EppView, Lb, Route};
 use super::control::{Control, ControlSpec, Controller, Observation};
+use super::prompts::{MultiTurn, Prompt, Session, SharedPrefix};
 use super::scenario::{replica_profile, Scenario, Tiering};
 use super::stats::{percentile, sort, LogHistogram, Spread};
-use super::workload::{Arrivals, Lengths, RateShape};
+use super::workload::{Arrivals, LengthMix, Lengths, RateShape};
 use llm_lc_sim::engine::{Engine, EngineEvent, EngineRequest, EngineStats};
 use llm_lc_sim::profile::ModelProfile;
 
@@ -160,6 +169,8 @@ pub struct RunSpec {
     pub lb_instances: usize,
     /// How a scenario with regions is pooled (`Flat` for every other scenario).
     pub tiering: Tiering,
+    /// `prefix-affinity`'s load bound, percent (HAProxy's `hash-balance-factor`).
+    pub hash_balance_factor: u32,
 }
 
 impl RunSpec {
@@ -207,6 +218,9 @@ pub struct BalancerResult {
     pub final_weights: Vec<u32>,
     /// Share of the measured requests each replica received.
     pub share: Vec<f64>,
+    /// Prompt tokens found in the prefix cache / prompt tokens, over the measured window (0 where
+    /// requests share nothing).
+    pub prefix_hit_rate: f64,
 }
 
 /// Per-second series for plots.
@@ -244,6 +258,7 @@ enum Ev {
     External(u32),
     Tick,
     Speed(u32, f64),
+    Turn(u32),
 }
 
 struct Entry {
@@ -283,9 +298,19 @@ struct Req {
     live: bool,
     /// Which balancer instance sent it; `EXTERNAL` for traffic from outside this LB.
     lb: u16,
+    /// Its session (`multi-turn`), or `NO_SESSION`.
+    session: u32,
 }
 
 const EXTERNAL: u16 = u16::MAX;
+const NO_SESSION: u32 = u32::MAX;
+
+/// Where requests come from: independent draws, or prompts with shared prefixes.
+enum Traffic {
+    Plain,
+    Shared(SharedPrefix),
+    Turns(MultiTurn),
+}
 
 /// Mean end-to-end and running times over the latency window, in seconds.
 type Means = (f64, f64);
@@ -333,6 +358,14 @@ struct Sim<'a> {
     arrival_rng: ChaCha8Rng,
     length_rng: ChaCha8Rng,
     lengths: Lengths,
+    traffic: Traffic,
+    /// Keys of requests that share nothing (drawn for every balancer, read by `prefix-affinity`).
+    key_rng: ChaCha8Rng,
+    /// Live `multi-turn` sessions by slot, and free slots.
+    sessions: Vec<Option<Session>>,
+    free_sessions: Vec<u32>,
+    /// Fleet-wide prefix cache (queries, hits) when the measured window opened and closed.
+    cache_marks: [Option<(u64, u64)>; 2],
     // statistics
     ttft: Vec<f32>,
     e2e: Vec<f32>,
@@ -410,6 +443,10 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
     for k in 0..instances {
         // Instance 0 keeps the single balancer's seed, so `--lb-instances 1` is the plain run.
         let mut lb = Lb::new(spec.balancer, n, (spec.seed ^ 0x1b).wrapping_add(k as u64 * 0x9e37));
+        lb.set_balance_factor(spec.hash_balance_factor);
+        if spec.balancer == Balancer::EppPrefix {
+            lb.set_cache_blocks(&reps.iter().map(|r| r.engine.stats().num_gpu_blocks).collect::<Vec<_>>());
+        }
         if spec.balancer.uses_ratios() {
             // Before the first push every member has the same ratio, as a freshly configured pool.
             lb.set_weights(&vec![spec.control.initial_ratio(); n]);
@@ -455,12 +492,31 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
         applied: spec.balancer.uses_ratios().then(|| vec![spec.control.initial_ratio(); n]),
         envoy_phase: stream(spec.seed, 6).gen_range(0.0..1.0),
         control,
-        arrivals: Arrivals::new(spec.arrival_rps, sc.shape),
+        // `multi-turn` arrivals are sessions; `arrival_rps` counts requests (turns).
+        arrivals: match sc.mix {
+            LengthMix::MultiTurn => {
+                Arrivals::new(spec.arrival_rps / MultiTurn::mean_turns(spec.profile.max_model_len), sc.shape)
+            }
+            _ => Arrivals::new(spec.arrival_rps, sc.shape),
+        },
         external,
         external_lengths: stream(spec.seed, 7),
         arrival_rng: stream(spec.seed, 1),
         length_rng: stream(spec.seed, 2),
         lengths: Lengths::new(sc.mix, spec.profile.max_model_len),
+        traffic: match sc.mix {
+            LengthMix::Sharegpt | LengthMix::LongContext => Traffic::Plain,
+            // The groups are the workload's, the same in every run of every seed.
+            LengthMix::SharedPrefix => Traffic::Shared(SharedPrefix::new(
+                spec.profile.max_model_len,
+                &mut ChaCha8Rng::seed_from_u64(0x9e0_0b5),
+            )),
+            LengthMix::MultiTurn => Traffic::Turns(MultiTurn::new(spec.profile.max_model_len)),
+        },
+        key_rng: stream(spec.seed, 8),
+        sessions: Vec::new(),
+        free_sessions: Vec::new(),
+        cache_marks: [None, None],
         ttft: Vec::new(),
         e2e: Vec::new(),
         itl: LogHistogram::default(),
@@ -520,7 +576,7 @@ impl Sim<'_> {
         if spec.balancer == Balancer::Epp {
             self.at(0.0, Ev::EppRefresh);
         }
-        if spec.balancer == Balancer::EppActive {
+        if spec.balancer.refreshes_per_replica() {
             // Each replica's metrics on their own timer, at an independent phase.
             let mut phase_rng = stream(spec.seed, 4);
             for r in 0..self.reps.len() {
@@ -601,6 +657,7 @@ impl Sim<'_> {
                 Ev::External(r) => self.external_arrival(r as usize),
                 Ev::Tick => self.tick(),
                 Ev::Speed(r, s) => self.reps[r as usize].engine.set_speed(s),
+                Ev::Turn(s) => self.turn(s),
             }
         }
         // Whatever is still in flight at the backstop never finished: count it as rejected.
@@ -678,22 +735,96 @@ impl Sim<'_> {
             scheduled_at: 0.0,
             live: true,
             lb,
+            session: NO_SESSION,
         };
         id
     }
 
     fn arrival(&mut self) {
         let spec = self.spec;
-        let (prompt, output) = self.lengths.sample(&mut self.length_rng);
+        match &mut self.traffic {
+            Traffic::Plain => {
+                let (prompt, output) = self.lengths.sample(&mut self.length_rng);
+                let key = self.key_rng.gen::<u64>();
+                self.dispatch(prompt, output, None, Some(key), NO_SESSION);
+            }
+            Traffic::Shared(w) => {
+                let p = w.next(&mut self.length_rng);
+                self.dispatch_prompt(p, NO_SESSION);
+            }
+            Traffic::Turns(w) => {
+                let session = w.start(&mut self.length_rng);
+                let slot = match self.free_sessions.pop() {
+                    Some(slot) => {
+                        self.sessions[slot as usize] = Some(session);
+                        slot
+                    }
+                    None => {
+                        self.sessions.push(Some(session));
+                        (self.sessions.len() - 1) as u32
+                    }
+                };
+                self.turn(slot);
+            }
+        }
+        if let Some(t) = self.arrivals.next(&mut self.arrival_rng) {
+            if t < spec.scenario.duration_s {
+                self.at(t, Ev::Arrival);
+            }
+        }
+    }
+
+    /// Session `slot`'s next turn, or its end.
+    fn turn(&mut self, slot: u32) {
+        let Traffic::Turns(w) = &self.traffic else { return };
+        let next = self.sessions.get_mut(slot as usize).and_then(Option::as_mut).and_then(|s| w.turn(s));
+        match next {
+            Some(p) => self.dispatch_prompt(p, slot),
+            None => self.end_session(slot),
+        }
+    }
+
+    fn end_session(&mut self, slot: u32) {
+        if let Some(s) = self.sessions.get_mut(slot as usize) {
+            if s.take().is_some() {
+                self.free_sessions.push(slot);
+            }
+        }
+    }
+
+    fn dispatch_prompt(&mut self, p: Prompt, session: u32) {
+        self.dispatch(p.prompt_tokens, p.output_tokens, Some(p.blocks), Some(p.key), session);
+    }
+
+    /// Send one request of this LB's clients through a balancer instance to a replica.
+    fn dispatch(
+        &mut self,
+        prompt: u32,
+        output: u32,
+        blocks: Option<Arc<[u64]>>,
+        key: Option<u64>,
+        session: u32,
+    ) {
+        let spec = self.spec;
         let k = if self.lbs.len() > 1 { self.lb_rng.gen_range(0..self.lbs.len()) } else { 0 };
-        let r = self.lbs[k].pick();
+        let prompt_blocks = match &blocks {
+            Some(b) => &b[..b.len().min((prompt / llm_lc_sim::profile::BLOCK_SIZE) as usize)],
+            None => &[][..],
+        };
+        let r = self.lbs[k].pick_route(Route { key, blocks: prompt_blocks });
         let measured = self.in_window(self.now);
         let id = self.new_req(r, k as u16, measured);
+        self.reqs[id as usize].session = session;
         if measured {
             self.dispatched[r] += 1;
         }
         self.in_flight += 1;
-        match self.reps[r].engine.add_request(EngineRequest::new(u64::from(id), prompt, output)) {
+        let req = EngineRequest::new(u64::from(id), prompt, output);
+        let added = match blocks {
+            Some(b) => self.reps[r].engine.add_request_with_blocks(req, b),
+            None => self.reps[r].engine.add_request(req),
+        };
+        match added {
             Ok(()) => {
                 self.timeouts.push_back((self.now + spec.timeout_s, id, self.serial));
                 self.start_step(r);
@@ -701,11 +832,6 @@ impl Sim<'_> {
             Err(_) => {
                 // Sizes are drawn within max_model_len, so this does not happen; count it if it does.
                 self.release(id, r, true);
-            }
-        }
-        if let Some(t) = self.arrivals.next(&mut self.arrival_rng) {
-            if t < spec.scenario.duration_s {
-                self.at(t, Ev::Arrival);
             }
         }
     }
@@ -772,6 +898,9 @@ impl Sim<'_> {
                         self.completed += 1;
                     }
                     self.release(id as u32, r, false);
+                    if q.session != NO_SESSION {
+                        self.follow_up(q.session, now + self.rtt(r));
+                    }
                 }
             }
         }
@@ -781,12 +910,29 @@ impl Sim<'_> {
         self.start_step(r);
     }
 
+    /// The user read the answer at `read_at`; the next turn comes after their think time, unless
+    /// the run is over by then.
+    fn follow_up(&mut self, slot: u32, read_at: f64) {
+        let think = self.sessions.get(slot as usize).and_then(Option::as_ref).map(Session::think_s);
+        match think {
+            Some(think) if read_at + think < self.spec.scenario.duration_s => {
+                self.at(read_at + think, Ev::Turn(slot))
+            }
+            _ => self.end_session(slot),
+        }
+    }
+
     fn release(&mut self, id: u32, r: usize, rejected: bool) {
         let q = &mut self.reqs[id as usize];
         if rejected && q.measured {
             self.rejected += 1;
             self.ttft.push(self.spec.timeout_s as f32);
         }
+        let session = q.session;
+        if rejected && session != NO_SESSION {
+            self.end_session(session); // a client that gave up does not come back
+        }
+        let q = &mut self.reqs[id as usize];
         q.live = false;
         let lb = q.lb;
         self.free.push(id);
@@ -872,6 +1018,10 @@ impl Sim<'_> {
 
     fn tick(&mut self) {
         let now = self.now;
+        let mark = usize::from(now >= self.spec.scenario.duration_s);
+        if now >= self.spec.scenario.warmup_s && self.cache_marks[mark].is_none() {
+            self.cache_marks[mark] = Some(self.cache_totals());
+        }
         if self.in_window(now) {
             self.kv_spread.add(self.reps.iter().map(|r| r.engine.stats().kv_usage));
             self.queue_spread.add(self.reps.iter().map(|r| f64::from(r.engine.stats().waiting)));
@@ -891,7 +1041,20 @@ impl Sim<'_> {
         self.at(now + 1.0, Ev::Tick);
     }
 
+    /// Prefix cache (queries, hits) summed over the fleet.
+    fn cache_totals(&self) -> (u64, u64) {
+        self.reps
+            .iter()
+            .map(|r| r.engine.stats())
+            .fold((0, 0), |(q, h), s| (q + s.prefix_cache_queries, h + s.prefix_cache_hits))
+    }
+
     fn finish(mut self) -> RunOutcome {
+        let ((q0, h0), (q1, h1)) = (
+            self.cache_marks[0].unwrap_or((0, 0)),
+            self.cache_marks[1].unwrap_or_else(|| self.cache_totals()),
+        );
+        let prefix_hit_rate = if q1 > q0 { (h1 - h0) as f64 / (q1 - q0) as f64 } else { 0.0 };
         sort(&mut self.ttft);
         sort(&mut self.e2e);
         let window = self.spec.scenario.duration_s - self.spec.scenario.warmup_s;
@@ -928,6 +1091,7 @@ impl Sim<'_> {
                 .iter()
                 .map(|&d| if total == 0 { 0.0 } else { d as f64 / total as f64 })
                 .collect(),
+            prefix_hit_rate,
         };
         RunOutcome { result, ttft_sorted: self.ttft, series: self.series, events: self.events, wall_s: 0.0 }
     }

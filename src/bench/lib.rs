@@ -22,6 +22,7 @@ pub mod control;
 pub mod fleet;
 pub mod goals;
 pub mod plot;
+pub mod prompts;
 pub mod report;
 pub mod scenario;
 pub mod stats;
@@ -44,7 +45,8 @@ use scenario::Tiering;
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Scenario: homogeneous, heterogeneous, degraded, spike, long-context, ramp, mixed-memory,
-    /// tp-mixed, mem-only, slow-drift, shared-backends, large, region-spill.
+    /// tp-mixed, mem-only, slow-drift, shared-backends, large, region-spill, shared-prefix,
+    /// multi-turn.
     #[arg(long, default_value = "heterogeneous")]
     pub scenario: String,
     /// Offered load as a fraction of the fleet's capacity (see src/bench/capacity.rs).
@@ -157,6 +159,10 @@ pub struct Knobs {
     /// Cycles measured by --controller-scale.
     #[arg(long, default_value_t = 20)]
     pub cycles: usize,
+    /// `prefix-affinity`: a member takes its keys while under this percentage of its weighted share
+    /// of the requests in flight (HAProxy's `hash-balance-factor`, Envoy's `hash_balance_factor`).
+    #[arg(long, default_value_t = llm_lc_balance::ring::DEFAULT_BALANCE_FACTOR)]
+    pub hash_balance_factor: u32,
 }
 
 /// One scenario at one load: every balancer's results and what was run.
@@ -216,6 +222,7 @@ pub struct Settings {
     pub jobs: usize,
     pub record_series: bool,
     pub lb_instances: usize,
+    pub hash_balance_factor: u32,
 }
 
 impl Settings {
@@ -287,6 +294,7 @@ impl Settings {
             jobs: args.jobs.max(1),
             record_series: args.plot.is_some(),
             lb_instances: a.lb_instances,
+            hash_balance_factor: a.hash_balance_factor,
         })
     }
 }
@@ -343,6 +351,9 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
             control: ControlSpec {
                 replicas: sc.speeds.len(),
                 lb_mode: b.weight_mode().to_string(),
+                // A ring's weight change moves keys off the servers that cache them: like a BIG-IP
+                // write, it has a lasting cost, so it gets the same change policy.
+                config_writes: settings.control.config_writes || b == Balancer::PrefixAffinity,
                 tiers: if tiering == Tiering::SpillOver { sc.tiers.clone() } else { Vec::new() },
                 ..settings.control.clone()
             },
@@ -354,6 +365,7 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
             static_weights: static_weights.clone(),
             external_rps: external_rps.clone(),
             lb_instances: settings.lb_instances,
+            hash_balance_factor: settings.hash_balance_factor,
         })
         .collect();
     let outcomes = run_all(&specs, settings.jobs)?;

@@ -62,7 +62,29 @@ const COLUMNS: &[&str] = &[
     "weights",
 ];
 
-fn row(b: &BalancerResult, timeout: f64) -> Vec<String> {
+/// The columns of a scenario: the hit rate only where prompts share prefixes, so the tables of
+/// every other scenario read as they always have.
+fn columns(r: &ScenarioReport) -> Vec<&'static str> {
+    let mut c = COLUMNS.to_vec();
+    if has_hits(r) {
+        c.insert(c.len() - 1, "prefix hits");
+    }
+    c
+}
+
+fn has_hits(r: &ScenarioReport) -> bool {
+    r.results.iter().any(|b| b.prefix_hit_rate > 0.0)
+}
+
+fn row(b: &BalancerResult, timeout: f64, hits: bool) -> Vec<String> {
+    let mut cells = row_cells(b, timeout);
+    if hits {
+        cells.insert(cells.len() - 1, format!("{:.1}%", 100.0 * b.prefix_hit_rate));
+    }
+    cells
+}
+
+fn row_cells(b: &BalancerResult, timeout: f64) -> Vec<String> {
     vec![
         b.balancer.clone(),
         secs(b.ttft_p50_s, Some(timeout)),
@@ -86,8 +108,9 @@ fn row(b: &BalancerResult, timeout: f64) -> Vec<String> {
 
 /// Aligned plain-text table.
 pub fn text(r: &ScenarioReport) -> String {
-    let rows: Vec<Vec<String>> = r.results.iter().map(|b| row(b, timeout_of(r))).collect();
-    let mut widths: Vec<usize> = COLUMNS.iter().map(|c| c.len()).collect();
+    let rows: Vec<Vec<String>> = r.results.iter().map(|b| row(b, timeout_of(r), has_hits(r))).collect();
+    let columns = columns(r);
+    let mut widths: Vec<usize> = columns.iter().map(|c| c.len()).collect();
     for row in &rows {
         for (w, c) in widths.iter_mut().zip(row) {
             *w = (*w).max(c.len());
@@ -103,7 +126,7 @@ pub fn text(r: &ScenarioReport) -> String {
             .collect::<Vec<_>>()
             .join("  ")
     };
-    let head: Vec<String> = COLUMNS.iter().map(|c| c.to_string()).collect();
+    let head: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
     let _ = writeln!(out, "{}", line(&head));
     for row in &rows {
         let _ = writeln!(out, "{}", line(row));
@@ -119,10 +142,11 @@ fn timeout_of(r: &ScenarioReport) -> f64 {
 /// Markdown table of one scenario.
 pub fn markdown(r: &ScenarioReport) -> String {
     let mut out = format!("{}\n", header(r));
-    let _ = writeln!(out, "| {} |", COLUMNS.join(" | "));
-    let _ = writeln!(out, "|{}", "---|".repeat(COLUMNS.len()));
+    let columns = columns(r);
+    let _ = writeln!(out, "| {} |", columns.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(columns.len()));
     for b in &r.results {
-        let _ = writeln!(out, "| {} |", row(b, timeout_of(r)).join(" | "));
+        let _ = writeln!(out, "| {} |", row(b, timeout_of(r), has_hits(r)).join(" | "));
     }
     out
 }

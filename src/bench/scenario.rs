@@ -18,6 +18,8 @@
 //! | `mem-only` | 6 replicas of equal speed, 2 with a third of the KV cache | long-context mix |
 //! | `slow-drift` | 6 replicas; 0 and 3 slow down step by step to 0.4 over the first 60% of the window | steady |
 //! | `shared-backends` | 6 equal replicas; 0, 2 and 4 also serve traffic that does not pass this LB | steady |
+//! | `shared-prefix` | 6 equal replicas | groups of requests sharing a long prefix, Zipf-popular ([`super::prompts`]) |
+//! | `multi-turn` | 6 equal replicas | chat sessions resending their history, think time between turns |
 //! | `region-spill` | 6 equal replicas in two regions (0-2 local, 3-5 remote, 80 ms round trip away); at the middle of the window 0 and 1 slow to a third | steady, `--load` of the local region |
 //!
 //! `tp-mixed`: tensor parallelism over two GPUs doubles the memory, and the KV cache gets everything
@@ -70,7 +72,11 @@ pub const NAMES: &[&str] = &[
     "shared-backends",
     "large",
     "region-spill",
+    "shared-prefix",
+    "multi-turn",
 ];
+/// The scenarios whose requests share prefixes (goals of their own, src/bench/RESULTS.md).
+pub const PREFIX: &[&str] = &["shared-prefix", "multi-turn"];
 /// The scenarios of the goals grid (`bench --sweep`): every 6-replica scenario.
 pub const GRID: &[&str] = &[
     "homogeneous",
@@ -251,6 +257,8 @@ pub fn build(
         "shared-backends" => {
             s.external = (0..n).map(|i| [0.6, 0.0, 0.3, 0.0, 0.15, 0.0][i % 6]).collect();
         }
+        "shared-prefix" => s.mix = LengthMix::SharedPrefix,
+        "multi-turn" => s.mix = LengthMix::MultiTurn,
         "region-spill" if n < 2 => return Err("region-spill needs at least 2 replicas (two regions)".into()),
         "region-spill" => {
             // The first half of the replicas is local (at least one), the rest remote.

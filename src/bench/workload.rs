@@ -42,6 +42,10 @@ pub const LONG_SHARE: f64 = 0.25;
 pub enum LengthMix {
     Sharegpt,
     LongContext,
+    /// Prompts in groups sharing a long prefix ([`super::prompts::SharedPrefix`]).
+    SharedPrefix,
+    /// Sessions resending their history ([`super::prompts::MultiTurn`]).
+    MultiTurn,
 }
 
 impl LengthMix {
@@ -49,7 +53,14 @@ impl LengthMix {
         match self {
             LengthMix::Sharegpt => "sharegpt",
             LengthMix::LongContext => "long-context",
+            LengthMix::SharedPrefix => "shared-prefix",
+            LengthMix::MultiTurn => "multi-turn",
         }
+    }
+
+    /// Whether requests of this mix share prefixes (and come from [`super::prompts`]).
+    pub fn has_structure(self) -> bool {
+        matches!(self, LengthMix::SharedPrefix | LengthMix::MultiTurn)
     }
 }
 

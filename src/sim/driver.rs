@@ -37,6 +37,8 @@ pub(crate) enum Cmd {
 
 pub(crate) struct Submission {
     pub req: EngineRequest,
+    /// The prompt's block hashes, for the prefix cache.
+    pub blocks: std::sync::Arc<[u64]>,
     pub adapter: Option<String>,
     pub arrived: Instant,
     pub tx: UnboundedSender<Out>,
@@ -163,7 +165,7 @@ impl Driver {
         match cmd {
             Cmd::Submit(s) => {
                 let id = s.req.id;
-                match self.engine.add_request(s.req) {
+                match self.engine.add_request_with_blocks(s.req, s.blocks) {
                     Ok(()) => {
                         let t = Track {
                             tx: s.tx,

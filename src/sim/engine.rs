@@ -15,6 +15,13 @@
 //!   is preempted by recompute: its blocks are freed, it goes back to the *front* of the waiting
 //!   queue, and on re-admission it prefills prompt + the tokens it already produced, then goes on.
 //!   No admission happens in a step that preempted (as vLLM does).
+//! - Prefix caching (vLLM's automatic prefix caching, [`super::prefix`]): a request added with
+//!   [`Engine::add_request_with_blocks`] carries the hash chain of its blocks. On admission the
+//!   longest cached run of its leading full blocks is reused (never the whole prompt: the last
+//!   token is always computed, as vLLM does), and only the rest is prefilled. Blocks it computes
+//!   are registered as they fill; when it leaves they stay cached, evictable, until memory is
+//!   needed. A request without blocks (every scenario without shared prefixes) neither reads nor
+//!   writes the cache, so those runs are what they were before the cache existed.
 //! - Step time: `(overhead + prefill_token*prefill_tokens + seq*seqs + kv_token*kv_read) / speed`
 //!   with the coefficients of the [`ModelProfile`] and a per-replica speed factor (a profile may
 //!   price the batch from a measured table instead of `overhead + seq*seqs`).
@@ -32,7 +39,9 @@
 //! - [`Engine::stats`] for gauges and counters (waiting, running, KV usage, preemptions, tokens).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
+use super::prefix::PrefixCache;
 use super::profile::{ModelProfile, ProfileError, BLOCK_SIZE};
 
 /// One request as the engine sees it: sizes only.
@@ -140,6 +149,11 @@ pub struct EngineStats {
     pub busy_s: f64,
     /// Sum of the batch sizes of those steps (mean batch = this / `steps`).
     pub busy_seq_steps: u64,
+    /// Prompt tokens looked up in the prefix cache on first admission
+    /// (`vllm:prefix_cache_queries_total`).
+    pub prefix_cache_queries: u64,
+    /// Of those, tokens found cached (`vllm:prefix_cache_hits_total`).
+    pub prefix_cache_hits: u64,
 }
 
 /// Why a request was refused; the server turns these into vLLM's 400 answers.
@@ -174,6 +188,10 @@ struct Seq {
     blocks: u32,
     live: bool,
     scheduled_once: bool,
+    /// Hash chain of the sequence's blocks (prompt and the output to come); empty = no caching.
+    hashes: Arc<[u64]>,
+    /// Cached blocks this sequence references (hits and blocks it registered).
+    held: Vec<u64>,
 }
 
 /// The engine of one replica. See the module doc.
@@ -194,7 +212,9 @@ pub struct Engine {
     index: HashMap<u64, u32>,
     waiting: VecDeque<u32>,
     running: Vec<u32>,
+    /// Blocks no request uses, including cached ones nobody references (evictable).
     free_blocks: u32,
+    cache: PrefixCache,
     /// Scratch: (slot, new tokens) scheduled in the current step.
     sched: Vec<(u32, u32)>,
     stats: EngineStats,
@@ -226,6 +246,7 @@ impl Engine {
             waiting: VecDeque::new(),
             running: Vec::new(),
             free_blocks: profile.num_gpu_blocks,
+            cache: PrefixCache::default(),
             sched: Vec::new(),
             stats: EngineStats { num_gpu_blocks: profile.num_gpu_blocks, ..EngineStats::default() },
         };
@@ -276,6 +297,17 @@ impl Engine {
 
     /// Queue a request at the back of the waiting queue.
     pub fn add_request(&mut self, req: EngineRequest) -> Result<(), RejectReason> {
+        self.add_request_with_blocks(req, Arc::from([]))
+    }
+
+    /// Queue a request whose blocks have these hashes ([`super::prefix::chain`]), in order from the
+    /// prompt's first block; the list may cover output blocks too (a conversation's next turn
+    /// resends them) and may be shorter than the sequence.
+    pub fn add_request_with_blocks(
+        &mut self,
+        req: EngineRequest,
+        hashes: Arc<[u64]>,
+    ) -> Result<(), RejectReason> {
         Self::check_sizes(self.max_model_len, &req)?;
         if self.index.contains_key(&req.id) {
             return Err(RejectReason::DuplicateId(req.id));
@@ -291,6 +323,8 @@ impl Engine {
             blocks: 0,
             live: true,
             scheduled_once: false,
+            hashes,
+            held: Vec::new(),
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -316,9 +350,8 @@ impl Engine {
         } else if let Some(pos) = self.running.iter().position(|&s| s == slot) {
             self.running.remove(pos);
         }
+        self.release_blocks(slot);
         let seq = &mut self.slots[slot as usize];
-        self.free_blocks += seq.blocks;
-        seq.blocks = 0;
         seq.live = false;
         let produced = seq.generated;
         self.free_slots.push(slot);
@@ -386,7 +419,7 @@ impl Engine {
             if !scheduled {
                 break; // `slot` was the newest; everything after it is gone too.
             }
-            self.free_blocks -= extra;
+            self.take_blocks(extra);
             self.slots[slot as usize].blocks += extra;
             self.sched.push((slot, new));
             budget -= new;
@@ -399,16 +432,27 @@ impl Engine {
                 let Some(&slot) = self.waiting.front() else { break };
                 let seq = &self.slots[slot as usize];
                 let need = blocks_for(seq.num_tokens);
-                if need + self.watermark_blocks > self.free_blocks {
+                let (hits, unused_hits) = self.cached_prefix(seq);
+                // Hits on blocks another request holds cost no memory; the rest come from free.
+                if need - hits + unused_hits + self.watermark_blocks > self.free_blocks {
                     break; // head-of-line: the queue is FIFO.
                 }
-                let new = (seq.num_tokens - seq.computed).min(budget);
                 self.waiting.pop_front();
-                self.free_blocks -= need;
+                let hashes = Arc::clone(&seq.hashes);
+                self.free_blocks -= unused_hits;
+                for &h in &hashes[..hits as usize] {
+                    self.cache.acquire(h);
+                }
+                self.take_blocks(need - hits);
                 let seq = &mut self.slots[slot as usize];
+                seq.held.extend_from_slice(&hashes[..hits as usize]);
                 seq.blocks = need;
+                seq.computed = hits * BLOCK_SIZE;
+                let new = (seq.num_tokens - seq.computed).min(budget);
                 if !seq.scheduled_once {
                     seq.scheduled_once = true;
+                    self.stats.prefix_cache_queries += u64::from(seq.prompt);
+                    self.stats.prefix_cache_hits += u64::from(seq.computed);
                     events.push(EngineEvent::Scheduled { id: seq.id });
                 }
                 self.running.push(slot);
@@ -455,7 +499,15 @@ impl Engine {
         for k in 0..self.sched.len() {
             let (slot, new) = self.sched[k];
             let seq = &mut self.slots[slot as usize];
+            let full_before = (seq.computed / BLOCK_SIZE) as usize;
             seq.computed += new;
+            let full_now = ((seq.computed / BLOCK_SIZE) as usize).min(seq.hashes.len());
+            for b in full_before..full_now {
+                let h = seq.hashes[b];
+                if self.cache.insert(h) {
+                    seq.held.push(h);
+                }
+            }
             if seq.computed < seq.num_tokens {
                 continue; // a prefill chunk that is not the last
             }
@@ -477,10 +529,9 @@ impl Engine {
             };
             if let Some(reason) = reason {
                 events.push(EngineEvent::Finished { id: seq.id, output_tokens: seq.generated, reason });
-                self.free_blocks += seq.blocks;
-                seq.blocks = 0;
                 seq.live = false;
                 self.index.remove(&seq.id);
+                self.release_blocks(slot);
                 self.free_slots.push(slot);
                 any_finished = true;
             }
@@ -492,10 +543,48 @@ impl Engine {
         info
     }
 
-    fn preempt(&mut self, slot: u32, events: &mut Vec<EngineEvent>) {
+    /// `(hit blocks, of which unreferenced)` of the longest cached run of `seq`'s leading blocks,
+    /// stopping short of its last token (which must be computed to produce the next one).
+    fn cached_prefix(&self, seq: &Seq) -> (u32, u32) {
+        if seq.hashes.is_empty() || self.cache.is_empty() {
+            return (0, 0);
+        }
+        let most = ((seq.num_tokens - 1) / BLOCK_SIZE) as usize;
+        let (mut hits, mut unused) = (0, 0);
+        for &h in seq.hashes.iter().take(most) {
+            if !self.cache.contains(h) {
+                break;
+            }
+            hits += 1;
+            unused += u32::from(self.cache.is_evictable(h));
+        }
+        (hits, unused)
+    }
+
+    /// Take `n` free blocks, evicting cached prefixes only when no empty block is left.
+    fn take_blocks(&mut self, n: u32) {
+        let empty = self.free_blocks - self.cache.evictable();
+        for _ in empty..n {
+            self.cache.evict_one();
+        }
+        self.free_blocks -= n;
+    }
+
+    /// Give back every block of `slot`. Its own blocks are free at once; a cached block it shares is
+    /// free when its last user lets go, and stays cached (evictable) until its memory is needed.
+    fn release_blocks(&mut self, slot: u32) {
         let seq = &mut self.slots[slot as usize];
-        self.free_blocks += seq.blocks;
+        let mut freed = seq.blocks - seq.held.len() as u32;
+        for h in seq.held.drain(..) {
+            freed += u32::from(self.cache.release(h));
+        }
+        self.free_blocks += freed;
         seq.blocks = 0;
+    }
+
+    fn preempt(&mut self, slot: u32, events: &mut Vec<EngineEvent>) {
+        self.release_blocks(slot);
+        let seq = &mut self.slots[slot as usize];
         seq.computed = 0;
         self.waiting.push_front(slot);
         self.stats.num_preemptions += 1;
@@ -652,6 +741,74 @@ mod tests {
         e.add_request(EngineRequest::new(1, 10, 50)).unwrap();
         let (_, ev) = drain(&mut e);
         assert_eq!(ev.len(), 3); // scheduled, first token, finished
+    }
+
+    fn blocks(ids: impl IntoIterator<Item = u64>) -> Arc<[u64]> {
+        crate::prefix::chain(ids).into()
+    }
+
+    /// Prefill tokens computed while draining.
+    fn prefilled(e: &mut Engine) -> u32 {
+        let mut ev = Vec::new();
+        let mut n = 0;
+        while e.has_work() {
+            n += e.step_into(&mut ev).prefill_tokens;
+        }
+        n
+    }
+
+    #[test]
+    fn a_shared_prefix_is_prefilled_once_in_whole_blocks() {
+        let mut e = tiny();
+        // 20 blocks of shared prefix + 2 of its own; a 330-token prompt (20 full blocks + 10).
+        let first = blocks((0..20).chain([100, 101]));
+        e.add_request_with_blocks(EngineRequest::new(1, 330, 2), first).unwrap();
+        assert_eq!(prefilled(&mut e), 330);
+        let second = blocks((0..20).chain([200, 201]));
+        e.add_request_with_blocks(EngineRequest::new(2, 330, 2), second).unwrap();
+        assert_eq!(prefilled(&mut e), 330 - 20 * 16, "only the unshared tokens are computed");
+        let s = e.stats();
+        assert_eq!((s.prefix_cache_queries, s.prefix_cache_hits), (660, 320));
+        // The very same prompt again: everything but the last token's block is reused.
+        let third = blocks((0..20).chain([200, 201]));
+        e.add_request_with_blocks(EngineRequest::new(3, 320, 2), third).unwrap();
+        assert_eq!(prefilled(&mut e), 16, "the last block is recomputed to produce a token");
+        assert_eq!(e.stats().used_blocks, 0, "cached blocks are free memory");
+    }
+
+    #[test]
+    fn cached_prefixes_give_way_to_memory_pressure_oldest_first() {
+        let mut e = tiny(); // 256 blocks
+        let prefix = |g: u64| blocks((0..100).map(move |i| g * 1000 + i));
+        e.add_request_with_blocks(EngineRequest::new(1, 1600, 1), prefix(1)).unwrap();
+        prefilled(&mut e);
+        e.add_request_with_blocks(EngineRequest::new(2, 1600, 1), prefix(2)).unwrap();
+        prefilled(&mut e);
+        // 200 cached blocks; a request with no prefix needing 100 blocks evicts group 1's first.
+        e.add_request(EngineRequest::new(3, 1600, 1)).unwrap();
+        prefilled(&mut e);
+        e.add_request_with_blocks(EngineRequest::new(4, 1600, 1), prefix(2)).unwrap();
+        assert_eq!(prefilled(&mut e), 16, "group 2, freed last, is still cached");
+        e.add_request_with_blocks(EngineRequest::new(5, 1600, 1), prefix(1)).unwrap();
+        assert!(prefilled(&mut e) > 1000, "group 1 was evicted");
+    }
+
+    #[test]
+    fn a_block_in_use_is_shared_not_copied() {
+        let mut e = tiny();
+        let p = || blocks(0..50);
+        e.add_request_with_blocks(EngineRequest::new(1, 800, 200), p()).unwrap();
+        for _ in 0..5 {
+            e.step(); // prefill done, decoding: its 50 blocks are registered and held
+        }
+        let before = e.stats().used_blocks;
+        e.add_request_with_blocks(EngineRequest::new(2, 800, 200), p()).unwrap();
+        e.step();
+        let added = e.stats().used_blocks - before;
+        assert!(added <= 2, "the second request reuses the held blocks: {added} new");
+        e.abort(1);
+        e.abort(2);
+        assert_eq!(e.stats().used_blocks, 0);
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod engine;
 pub mod fleet;
 pub mod metrics;
 pub mod openai;
+pub mod prefix;
 pub mod profile;
 pub mod server;
 pub mod tokenize;

@@ -248,6 +248,22 @@ fn render_vllm(w: &mut Writer, v: &MetricsView<'_>, legacy: bool) {
         &base,
         s.generation_tokens_total as f64,
     );
+    if legacy {
+        w.gauge("vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.", &base, hit_rate(s));
+    } else {
+        w.counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            &base,
+            s.prefix_cache_queries as f64,
+        );
+        w.counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            &base,
+            s.prefix_cache_hits as f64,
+        );
+    }
     let reasons = [FinishReason::Stop, FinishReason::Length, FinishReason::Abort];
     let rows: Vec<(String, f64)> = reasons
         .iter()
@@ -327,7 +343,7 @@ fn render_sglang(w: &mut Writer, v: &MetricsView<'_>) {
     w.gauge("sglang:num_used_tokens", "The number of used tokens.", &base, f64::from(s.used_blocks) * block);
     w.gauge("sglang:token_usage", "The token usage.", &base, s.kv_usage);
     w.gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", &base, s.waiting.into());
-    w.gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", &base, 0.0);
+    w.gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", &base, hit_rate(s));
     w.gauge(
         "sglang:max_total_num_tokens",
         "Maximum total number of tokens in the KV cache pool.",
@@ -371,18 +387,21 @@ fn render_sglang(w: &mut Writer, v: &MetricsView<'_>) {
 
 fn render_llamacpp(w: &mut Writer, v: &MetricsView<'_>) {
     let (s, l) = (v.stats, &v.requests.llama);
+    // The engine counts reuse when a request is admitted, the prompt counter when its first token
+    // is out; the processed share is the difference, never below zero in between.
+    let cached = l.prompt_tokens_cached.max(s.prefix_cache_hits);
     let rows: [(&str, &str, &str, f64); 9] = [
         (
             "prompt_tokens_total",
             "counter",
             "Number of prompt tokens processed, excluding cached tokens",
-            l.prompt_tokens as f64,
+            l.prompt_tokens.saturating_sub(cached) as f64,
         ),
         (
             "prompt_tokens_cached_total",
             "counter",
             "Number of prompt tokens reused from the cache",
-            l.prompt_tokens_cached as f64,
+            cached as f64,
         ),
         ("prompt_seconds_total", "counter", "Total time spent processing prompts", l.prompt_s),
         (
@@ -405,6 +424,15 @@ fn render_llamacpp(w: &mut Writer, v: &MetricsView<'_>) {
     for (name, kind, help, value) in rows {
         w.head(&format!("llamacpp:{name}"), help, kind);
         let _ = writeln!(w.out, "llamacpp:{name} {}", plain(value));
+    }
+}
+
+/// Cached prompt tokens / prompt tokens looked up, 0 before any lookup.
+fn hit_rate(s: &EngineStats) -> f64 {
+    if s.prefix_cache_queries == 0 {
+        0.0
+    } else {
+        s.prefix_cache_hits as f64 / s.prefix_cache_queries as f64
     }
 }
 

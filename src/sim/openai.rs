@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::tokenize;
+use super::{prefix, tokenize};
 
 /// An error answered in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +107,8 @@ pub struct GenRequest {
     /// Requested model; `None` means the replica's default (vLLM allows omitting it).
     pub model: Option<String>,
     pub prompt_tokens: u32,
+    /// Hash chain of the prompt's full blocks, for the prefix cache ([`crate::prefix`]).
+    pub blocks: Vec<u64>,
     pub max_tokens: Option<u32>,
     pub ignore_eos: bool,
     pub stream: bool,
@@ -195,13 +197,15 @@ fn check_n(n: Option<i64>) -> Result<(), ApiError> {
 pub fn parse_completion(body: &[u8]) -> Result<GenRequest, ApiError> {
     let b: CompletionBody = decode(body)?;
     check_n(b.n)?;
-    let prompt_tokens = match &b.prompt {
-        Value::String(s) => tokenize::text_tokens(s),
+    let (prompt_tokens, blocks) = match &b.prompt {
+        Value::String(s) => (tokenize::text_tokens(s), prefix::text_chain(s)),
         Value::Array(items) if !items.is_empty() && items.iter().all(|x| x.is_u64()) => {
-            u32::try_from(items.len()).unwrap_or(u32::MAX)
+            let ids: Vec<u64> = items.iter().filter_map(Value::as_u64).collect();
+            (u32::try_from(items.len()).unwrap_or(u32::MAX), prefix::token_chain(&ids))
         }
         Value::Array(items) if items.len() == 1 && items[0].is_string() => {
-            tokenize::text_tokens(items[0].as_str().unwrap_or_default())
+            let text = items[0].as_str().unwrap_or_default();
+            (tokenize::text_tokens(text), prefix::text_chain(text))
         }
         Value::Array(_) => return Err(ApiError::bad_request(
             "prompt must be a string, a list with one string, or a list of token ids; batched prompts are \
@@ -222,6 +226,7 @@ pub fn parse_completion(body: &[u8]) -> Result<GenRequest, ApiError> {
         endpoint: Endpoint::Completions,
         model: b.model,
         prompt_tokens,
+        blocks,
         max_tokens: max_tokens(b.max_tokens)?,
         ignore_eos: b.ignore_eos.unwrap_or(false),
         stream,
@@ -239,6 +244,8 @@ pub fn parse_chat(body: &[u8]) -> Result<GenRequest, ApiError> {
         );
     }
     let mut content_tokens: u32 = 0;
+    // The conversation as the chat template lays it out, for the prefix cache's hash chain.
+    let mut rendered = String::new();
     for (i, m) in b.messages.iter().enumerate() {
         if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool" | "developer") {
             return Err(ApiError::bad_request(format!(
@@ -247,12 +254,20 @@ pub fn parse_chat(body: &[u8]) -> Result<GenRequest, ApiError> {
             ))
             .with_param("messages"));
         }
+        rendered.push_str("<|start_header_id|>");
+        rendered.push_str(&m.role);
+        rendered.push_str("<|end_header_id|>\n\n");
         let n = match &m.content {
-            Value::String(s) => tokenize::text_tokens(s),
+            Value::String(s) => {
+                rendered.push_str(s);
+                tokenize::text_tokens(s)
+            }
             Value::Null => 0,
             Value::Array(parts) => parts
                 .iter()
-                .map(|p| p.get("text").and_then(Value::as_str).map(tokenize::text_tokens).unwrap_or(0))
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .inspect(|t| rendered.push_str(t))
+                .map(tokenize::text_tokens)
                 .fold(0u32, u32::saturating_add),
             _ => {
                 return Err(ApiError::bad_request(format!(
@@ -262,12 +277,14 @@ pub fn parse_chat(body: &[u8]) -> Result<GenRequest, ApiError> {
             }
         };
         content_tokens = content_tokens.saturating_add(n);
+        rendered.push_str("<|eot_id|>");
     }
     let stream = b.stream.unwrap_or(false);
     Ok(GenRequest {
         endpoint: Endpoint::Chat,
         model: b.model,
         prompt_tokens: content_tokens.saturating_add(tokenize::chat_template_tokens(b.messages.len())),
+        blocks: prefix::text_chain(&rendered),
         max_tokens: max_tokens(b.max_completion_tokens.or(b.max_tokens))?,
         ignore_eos: b.ignore_eos.unwrap_or(false),
         stream,

@@ -244,7 +244,7 @@ async fn generate(r: &Arc<Replica>, g: GenRequest) -> Response {
         return ApiError::bad_request(e.to_string()).into_response();
     }
     let (tx, rx) = mpsc::unbounded_channel();
-    let sub = Submission { req, adapter, arrived: Instant::now(), tx };
+    let sub = Submission { req, blocks: g.blocks.clone().into(), adapter, arrived: Instant::now(), tx };
     if r.cmd.send(Cmd::Submit(sub)).is_err() {
         return ApiError::unavailable("the replica's engine has stopped; the fleet is shutting down")
             .into_response();
