@@ -335,3 +335,34 @@ async fn our_scrape_source_reads_the_llamacpp_style_and_its_props() {
     let r = client().get(format!("{}/props", vllm.urls()[0])).send().await.unwrap();
     assert_eq!(r.status(), 404, "vLLM has no /props");
 }
+
+/// The simulated servers cache prefixes: a prompt sent twice is found the second time, in whole
+/// 16-token blocks short of the last token, and each style publishes it under its engine's name.
+#[tokio::test]
+async fn a_repeated_prompt_is_served_from_the_prefix_cache_and_counted() {
+    for (style, hits_metric) in [
+        (MetricsStyle::Vllm, "vllm:prefix_cache_hits_total"),
+        (MetricsStyle::Llamacpp, "llamacpp:prompt_tokens_cached_total"),
+    ] {
+        let f = fleet(ModelProfile::tiny(), &[1.0], |c| c.metrics_style = style).await;
+        let url = format!("{}/v1/completions", f.urls()[0]);
+        for prompt in [shared_prompt_of(200), shared_prompt_of(200), prompt_of(200)] {
+            let r = client()
+                .post(&url)
+                .json(&json!({"prompt": prompt, "max_tokens": 2}))
+                .send()
+                .await
+                .expect("completion");
+            assert!(r.status().is_success(), "{style:?}: {}", r.status());
+            r.text().await.expect("body");
+        }
+        let text = metrics_text(&f.urls()[0]).await;
+        let hits = metric(&text, hits_metric, &[]).unwrap_or_else(|| panic!("{hits_metric} in\n{text}"));
+        // 200 tokens = 12 full blocks and 8 tokens: the second copy finds 12 x 16; the third,
+        // different from its first characters, finds nothing.
+        assert_eq!(hits, 192.0, "{style:?}");
+        if style == MetricsStyle::Vllm {
+            assert_eq!(metric(&text, "vllm:prefix_cache_queries_total", &[]), Some(600.0));
+        }
+    }
+}

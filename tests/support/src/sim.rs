@@ -65,7 +65,19 @@ pub fn metric(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
     })
 }
 
-/// A prompt of about `tokens` tokens under the simulator's 4-characters-per-token rule.
+/// A prompt of exactly `tokens` tokens under the simulator's 4-characters-per-token rule, different
+/// from every other prompt of this process from its first characters: the simulator caches
+/// prefixes, and tests of queues and memory must not share any by accident.
 pub fn prompt_of(tokens: usize) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut p = format!("{n:016x}");
+    p.push_str(&"abcd".repeat(tokens));
+    p.truncate(4 * tokens);
+    p
+}
+
+/// A prompt of `tokens` tokens that is the same on every call (for tests of the prefix cache).
+pub fn shared_prompt_of(tokens: usize) -> String {
     "abcd".repeat(tokens)
 }
