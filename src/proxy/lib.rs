@@ -28,6 +28,7 @@ pub mod listen;
 pub mod members;
 pub mod metrics;
 pub mod pool;
+pub mod prefix_key;
 pub mod route;
 pub mod server;
 pub mod split;

@@ -142,21 +142,26 @@ impl Pool {
     /// Choose a member not in `tried` and count a request on it. Members ejected after a refused
     /// connection are only chosen when nothing else is left.
     pub fn pick(&self, tried: &[usize]) -> Option<usize> {
+        self.pick_keyed(tried, None)
+    }
+
+    /// [`Pool::pick`] for a request with a prefix key (read by `algorithm: prefix-affinity` only).
+    pub fn pick_keyed(&self, tried: &[usize], key: Option<u64>) -> Option<usize> {
         let now = Instant::now();
         let mut st = self.lock();
         let healthy: Vec<bool> = st.ejected_until.iter().map(|e| e.is_none_or(|t| t <= now)).collect();
         let i = st
             .picker
-            .pick(|i| healthy[i] && !tried.contains(&i))
-            .or_else(|| st.picker.pick(|i| !tried.contains(&i)))?;
+            .pick_keyed(key, |i| healthy[i] && !tried.contains(&i))
+            .or_else(|| st.picker.pick_keyed(key, |i| !tried.contains(&i)))?;
         st.picker.started(i);
         Some(i)
     }
 
     /// [`Pool::pick`] with the count held by a guard: dropping the guard (on any exit, the request's
     /// future dropped by a client that went away included) takes the count back.
-    pub fn pick_counted(self: &Arc<Self>, tried: &[usize]) -> Option<Picked> {
-        self.pick(tried).map(|member| Picked { pool: self.clone(), member })
+    pub fn pick_counted(self: &Arc<Self>, tried: &[usize], key: Option<u64>) -> Option<Picked> {
+        self.pick_keyed(tried, key).map(|member| Picked { pool: self.clone(), member })
     }
 
     /// The request on member `i` ended.
@@ -299,8 +304,8 @@ mod tests {
     #[test]
     fn a_dropped_pick_is_uncounted_once() {
         let p = Arc::new(pool(Algorithm::RoundRobin));
-        let a = p.pick_counted(&[]).unwrap();
-        let b = p.pick_counted(&[]).unwrap();
+        let a = p.pick_counted(&[], None).unwrap();
+        let b = p.pick_counted(&[], None).unwrap();
         assert_eq!(p.view().members.iter().map(|m| m.in_flight).sum::<u32>(), 2);
         drop(a);
         assert_eq!(p.view().members.iter().map(|m| m.in_flight).sum::<u32>(), 1);

@@ -409,8 +409,9 @@ async fn handle(s: Arc<Shared>, ep: Endpoint, headers: HeaderMap, body: Body) ->
         Endpoint::Completions => &pool.completion_uris,
     };
     let mut tried: Vec<usize> = Vec::new();
+    let key = crate::prefix_key::prefix_key(&headers, &json);
     let (picked, started) = loop {
-        let Some(picked) = pool.pick_counted(&tried) else {
+        let Some(picked) = pool.pick_counted(&tried, key) else {
             let msg = if tried.is_empty() {
                 format!("pool {} has no member available", pool.name)
             } else {
