@@ -2,7 +2,6 @@
 //! and a real Prometheus both read in every style, and the fleet-level claim of the issue: under
 //! the same load, a replica at speed 0.5 shows a longer queue and higher KV usage than the others.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use llm_lc_adapters::MemberId;
@@ -115,16 +114,22 @@ async fn our_scrape_source_reads_every_style() {
 /// Send `rate` requests per second to each replica for `secs`, at fixed intervals.
 async fn steady_load(urls: Vec<String>, rate: f64, secs: f64, body: Value) {
     let client = client();
-    let body = Arc::new(body.to_string());
+    // Every request gets a prompt of its own, of the same length: the simulator caches prefixes,
+    // and a load test of queues must not be made cheaper by sharing one.
+    let prompt_tokens = body["prompt"].as_str().map(|p| p.len() / 4);
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     let mut tasks = Vec::new();
     let n = (rate * secs) as usize;
     for _ in 0..n {
         tick.tick().await;
         for u in &urls {
-            let (c, u, b) = (client.clone(), format!("{u}/v1/completions"), body.clone());
+            let mut b = body.clone();
+            if let Some(tokens) = prompt_tokens {
+                b["prompt"] = Value::String(prompt_of(tokens));
+            }
+            let (c, u, b) = (client.clone(), format!("{u}/v1/completions"), b.to_string());
             tasks.push(tokio::spawn(async move {
-                let _ = c.post(u).header("content-type", "application/json").body((*b).clone()).send().await;
+                let _ = c.post(u).header("content-type", "application/json").body(b).send().await;
             }));
         }
     }
