@@ -195,6 +195,13 @@ pub struct PoolConfig {
     /// Name of the BIG-IP pool for the data-group export; default: `name`.
     #[serde(default)]
     pub bigip_pool: Option<String>,
+    /// Set `x-llm-prefix-key` on every request forwarded to this pool: 16 hex digits of the
+    /// request's prefix key (the client's header hashed, else the model and the prompt's start).
+    /// For a pool whose member is itself an LB that hashes that header (the shipped HAProxy and
+    /// Envoy prefix configs): it then keeps the same groups together as the proxy would, and never
+    /// sees the client's raw bytes. A request without a key goes without the header.
+    #[serde(default)]
+    pub set_prefix_key: bool,
 }
 
 mod defaults {

@@ -53,6 +53,8 @@ pub struct Pool {
     pub queue_timeout: Duration,
     pub shed_saturation: f64,
     pub eject_for: Duration,
+    /// Forward the prefix key as `x-llm-prefix-key` (for an LB behind this pool).
+    pub set_prefix_key: bool,
     state: Mutex<State>,
 }
 
@@ -122,6 +124,7 @@ impl Pool {
             queue_timeout: cfg.queue_timeout,
             shed_saturation: cfg.shed_saturation,
             eject_for: cfg.eject_for,
+            set_prefix_key: cfg.set_prefix_key,
             state: Mutex::new(State {
                 picker: Picker::new(cfg.algorithm.unwrap_or(default_algo), n, seed),
                 ejected_until: vec![None; n],

@@ -6,7 +6,7 @@
 //! same system prompt or document share it, unrelated ones almost never do. The header's bytes are
 //! hashed, whatever they are, and never logged or echoed.
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use serde_json::Value;
 
 /// The header a client may set; the proxy sets it for an LB behind it (`x-llm-prefix-key`).
@@ -27,6 +27,11 @@ pub fn prefix_key(headers: &HeaderMap, body: &Value) -> Option<u64> {
     bytes.push(0);
     bytes.extend(start.chars().take(KEY_PROMPT_CHARS).collect::<String>().bytes());
     Some(fnv1a(&bytes))
+}
+
+/// The key as the proxy forwards it: 16 lowercase hex digits.
+pub fn header_value(key: u64) -> HeaderValue {
+    HeaderValue::from_str(&format!("{key:016x}")).expect("hex digits are a valid header value")
 }
 
 /// The text a request starts with: the first message's content, or the prompt.

@@ -410,6 +410,7 @@ async fn handle(s: Arc<Shared>, ep: Endpoint, headers: HeaderMap, body: Body) ->
     };
     let mut tried: Vec<usize> = Vec::new();
     let key = crate::prefix_key::prefix_key(&headers, &json);
+    let forwarded = forwarded_headers(&pool, headers, key);
     let (picked, started) = loop {
         let Some(picked) = pool.pick_counted(&tried, key) else {
             let msg = if tried.is_empty() {
@@ -425,7 +426,7 @@ async fn handle(s: Arc<Shared>, ep: Endpoint, headers: HeaderMap, body: Body) ->
             return r;
         };
         let i = picked.member;
-        match s.upstream.send(&uris[i], &headers, body.clone()).await {
+        match s.upstream.send(&uris[i], &forwarded, body.clone()).await {
             Ok(st) => break (picked, st),
             Err(ForwardError::Connect(e)) => {
                 drop(picked);
@@ -455,6 +456,18 @@ async fn handle(s: Arc<Shared>, ep: Endpoint, headers: HeaderMap, body: Body) ->
         }
     };
     respond(&s, pi, picked, permit, started, t0, &route, rewritten)
+}
+
+/// The headers sent upstream: the client's, with the prefix key in its hashed form when the pool
+/// asks for it (the client's raw header never goes through then: the LB behind hashes our digits).
+fn forwarded_headers(pool: &Pool, mut headers: HeaderMap, key: Option<u64>) -> HeaderMap {
+    if pool.set_prefix_key {
+        headers.remove(crate::prefix_key::PREFIX_KEY_HEADER);
+        if let Some(k) = key {
+            headers.insert(crate::prefix_key::PREFIX_KEY_HEADER, crate::prefix_key::header_value(k));
+        }
+    }
+    headers
 }
 
 /// Build the streamed response; the in-flight count and the admission slot are held until its

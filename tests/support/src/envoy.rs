@@ -331,7 +331,12 @@ pub async fn serve(router: axum::Router) -> Served {
     Served { port, task }
 }
 
-/// A backend that answers every request with 200 and its name, and counts the requests.
+/// The request header that makes a [`CountingBackend`] hold its answer for that many milliseconds
+/// (so a test can keep requests in flight through an LB).
+pub const DELAY_HEADER: &str = "x-test-delay-ms";
+
+/// A backend that answers every request with 200 and its name, and counts the requests; a request
+/// with [`DELAY_HEADER`] is answered after that delay.
 pub struct CountingBackend {
     served: Served,
     hits: Arc<AtomicU64>,
@@ -341,9 +346,13 @@ impl CountingBackend {
     pub async fn start(name: &str) -> CountingBackend {
         let hits = Arc::new(AtomicU64::new(0));
         let (h, name) = (hits.clone(), name.to_string());
-        let router = axum::Router::new().fallback(move || {
+        let router = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
             let (h, name) = (h.clone(), name.clone());
             async move {
+                let delay = headers.get(DELAY_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
+                if let Some(ms) = delay {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
                 h.fetch_add(1, Ordering::Relaxed);
                 name
             }

@@ -32,6 +32,46 @@ pub fn standard_config(body: &str) -> String {
     )
 }
 
+/// The addresses the shipped deploy/haproxy/*.cfg files use for their three servers.
+pub const SHIPPED_SERVERS: [&str; 3] = ["10.0.0.11:8000", "10.0.0.12:8000", "10.0.0.13:8000"];
+
+/// deploy/haproxy/haproxy-prefix.cfg pointed at `members` (three `host:port`), its frontend on
+/// `{{PORT:fe}}`, the launcher's sockets, health checks every 100 ms. Panics if the shipped file
+/// changed so that a rewrite no longer applies.
+pub fn shipped_prefix_config(members: &[String]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/haproxy/haproxy-prefix.cfg");
+    let mut cfg = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    for (from, to) in [
+        ("bind *:8080", "bind 127.0.0.1:{{PORT:fe}}"),
+        ("stats socket /var/run/haproxy/admin.sock mode 660 level admin", "{{STATS_SOCKETS}}"),
+        ("check inter 2s", "check inter 100ms"),
+    ] {
+        assert!(cfg.contains(from), "{from:?} not in the shipped haproxy-prefix.cfg");
+        cfg = cfg.replace(from, to);
+    }
+    for (shipped, local) in SHIPPED_SERVERS.iter().zip(members) {
+        cfg = cfg.replace(shipped, local);
+    }
+    assert!(!cfg.contains("10.0.0.1"), "a shipped address was not rewritten:\n{cfg}");
+    cfg
+}
+
+/// Poll until every server of `backend` is UP by its health check.
+pub async fn wait_all_up(hx: &Haproxy, backend: &str, servers: &[&str]) {
+    crate::wait::until(
+        Duration::from_secs(5),
+        &format!("servers of {backend} UP by health check"),
+        || async {
+            let mut up = true;
+            for s in servers {
+                up &= hx.stat(backend, s, "status").await == "UP";
+            }
+            up.then_some(())
+        },
+    )
+    .await
+}
+
 /// A running (or stopped, between [`Haproxy::stop`] and [`Haproxy::start_again`]) HAProxy.
 pub struct Haproxy {
     dir: tempfile::TempDir,
