@@ -206,6 +206,9 @@ fn pool(cfg: &Config, p: &PoolConfig) -> Value {
             put(&mut q, "latency_histogram", list(&names.latency_histogram));
             put(&mut q, "service_histogram", list(&names.service_histogram));
             put(&mut q, "queue_histogram", list(&names.queue_histogram));
+            if !names.prompt_cached_gauge.is_empty() {
+                put(&mut q, "prompt_cached", list(&names.prompt_cached_gauge));
+            }
             for (key, ratio) in [("token_time", &names.token_time), ("prompt_cached", &names.prompt_cached)] {
                 if let Some(r) = ratio {
                     put(

@@ -187,6 +187,9 @@ async fn slow_replica_shows_longer_queue_and_higher_kv_in_prometheus() {
         assert!(service[i] > 0.0 && service[i] <= latency[i] + 1e-9, "service {service:?} e2e {latency:?}");
     }
     assert!(latency[2] > 1.5 * service[2], "the queue's wait is in e2e only: {latency:?} vs {service:?}");
+    // The prefix-cache share through PromQL: every prompt here is new, so nothing is found.
+    let cached = by_instance(prom.query(&query(Signal::PromptCached)).await);
+    assert!(cached.iter().all(|c| (0.0..0.05).contains(c)), "prefix cache share {cached:?}");
 
     // The controller's own direct scrape sees the same picture right now.
     let now = controller_reads(&f.addrs(), ProfileName::Vllm).await;

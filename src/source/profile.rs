@@ -92,8 +92,11 @@ pub struct MetricNames {
     pub queue_histogram: Vec<String>,
     /// Seconds of work per generated token, from counters (llama.cpp).
     pub token_time: Option<CounterRatio>,
-    /// Share of prompt tokens served from the prompt cache, from counters (llama.cpp).
+    /// Share of prompt tokens served from the prompt cache, from counters (vLLM, llama.cpp).
     pub prompt_cached: Option<CounterRatio>,
+    /// The same share as a gauge 0..1, where the server publishes only that (vLLM before 0.7,
+    /// SGLang); read when there is no counter ratio.
+    pub prompt_cached_gauge: Vec<String>,
     /// The server reports its slot count at `GET /props` (`total_slots`, llama.cpp).
     pub slots_from_props: bool,
 }
@@ -189,15 +192,24 @@ impl ProfileName {
                     )
                 })
                 .flatten(),
-            // `prompt_tokens_total` counts only the tokens processed, excluding cached ones.
-            prompt_cached: llamacpp
-                .then(|| {
-                    CounterRatio::of(
-                        &["llamacpp:prompt_tokens_cached_total"],
-                        &["llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_total"],
-                    )
-                })
-                .flatten(),
+            // Cached prompt tokens over all prompt tokens. vLLM counts both (queries are every
+            // prompt token looked up, hits the ones found); llama.cpp's `prompt_tokens_total`
+            // counts only the tokens processed, so the whole is cached + processed.
+            prompt_cached: match self {
+                ProfileName::Vllm => {
+                    CounterRatio::of(&["vllm:prefix_cache_hits_total"], &["vllm:prefix_cache_queries_total"])
+                }
+                ProfileName::Llamacpp => CounterRatio::of(
+                    &["llamacpp:prompt_tokens_cached_total"],
+                    &["llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_total"],
+                ),
+                _ => None,
+            },
+            prompt_cached_gauge: names(match self {
+                ProfileName::VllmLegacy => &["vllm:gpu_prefix_cache_hit_rate"],
+                ProfileName::Sglang => &["sglang:cache_hit_rate"],
+                _ => &[],
+            }),
             slots_from_props: llamacpp,
         }
     }
@@ -327,6 +339,11 @@ pub fn promql(
         if let Some(r) = ratio {
             // `> 0`: no value where nothing was counted in the window, instead of 0/0.
             out.push((signal, format!("({}) / (({}) > 0)", rates(&r.numerators), rates(&r.denominators))));
+        }
+    }
+    if names.prompt_cached.is_none() {
+        if let Some(q) = either("avg", &names.prompt_cached_gauge) {
+            out.push((Signal::PromptCached, q));
         }
     }
     // The sample age comes from the raw series' own timestamp; an overridden query has no raw series

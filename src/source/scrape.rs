@@ -76,7 +76,9 @@ struct Wants {
 
 /// The sample names a pool needs from each member's page.
 pub fn wanted(names: &MetricNames, into: &mut Wanted) {
-    for n in names.waiting.iter().chain(&names.running).chain(&names.kv_usage) {
+    for n in
+        names.waiting.iter().chain(&names.running).chain(&names.kv_usage).chain(&names.prompt_cached_gauge)
+    {
         into.add(n);
     }
     for h in names.latency_histogram.iter().chain(&names.service_histogram).chain(&names.queue_histogram) {
@@ -375,6 +377,9 @@ fn pool_snapshot(
             if let Some((r, totals)) = ratio.as_ref().and_then(|r| Some((r, ratio_totals(r, reading)?))) {
                 put(signal, rated(m, format!("{signal:?}:{}", r.numerators.join("+")), totals, last, means));
             }
+        }
+        if pool.names.prompt_cached.is_none() {
+            put(Signal::PromptCached, first(&pool.names.prompt_cached_gauge).map(|t| t.mean()));
         }
         if pool.names.slots_from_props {
             if let Some(e) = &page.props_error {
