@@ -50,11 +50,14 @@ pub struct Options {
     pub ctx_per_slot: u32,
     /// `-t`: CPU threads.
     pub threads: u32,
+    /// `--cache-ram`: MiB of host memory for prompts saved from the slots (0: none, so a server
+    /// holds only the prompts its slots hold); `None`: the server's default (8 GiB).
+    pub cache_ram_mib: Option<u32>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { slots: 1, ctx_per_slot: 1024, threads: 1 }
+        Options { slots: 1, ctx_per_slot: 1024, threads: 1, cache_ram_mib: None }
     }
 }
 
@@ -83,7 +86,11 @@ impl LlamaServer {
         let log_path = dir.path().join("llama-server.log");
         let log = std::fs::File::create(&log_path).expect("log file");
         let port = free_port();
-        let child = Command::new(&bin)
+        let mut cmd = Command::new(&bin);
+        if let Some(mib) = o.cache_ram_mib {
+            cmd.args(["--cache-ram", &mib.to_string()]);
+        }
+        let child = cmd
             .arg("-m")
             .arg(&model)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
@@ -232,6 +239,15 @@ pub fn prompt(seed: u64, n: u64, words: usize) -> String {
     out
 }
 
+/// A prompt that starts with group `group`'s shared part of about `shared_words` words (the same
+/// for every request of the group, different from the first word on for other groups) and ends
+/// with request `n`'s own `own_words` words: what a shared system prompt or document looks like
+/// to the prompt cache.
+pub fn grouped_prompt(group: u64, n: u64, shared_words: usize, own_words: usize) -> String {
+    let shared = prompt(0x5EED, group, shared_words).replacen("Request", "Group", 1);
+    format!("{shared}. {}", prompt(group.wrapping_add(0xABCD), n, own_words))
+}
+
 /// The load generators' client: a new connection per request, because llama-server closes idle
 /// keep-alive connections on its own schedule and a request sent on one it just closed fails
 /// before reaching it.
@@ -265,18 +281,29 @@ pub async fn closed_loop(
     duration: Duration,
     seed: u64,
 ) -> LoadStats {
+    closed_loop_of(base_url, clients, duration, move |c, n| completion(seed ^ c as u64, n, tokens)).await
+}
+
+/// [`closed_loop`] with the bodies of its choosing: `body(client, n)` is client `client`'s `n`th
+/// request (a streaming completion; keep `ignore_eos`).
+pub async fn closed_loop_of(
+    base_url: &str,
+    clients: usize,
+    duration: Duration,
+    body: impl Fn(usize, u64) -> serde_json::Value + Send + Sync + 'static,
+) -> LoadStats {
     let client = load_client();
+    let body = std::sync::Arc::new(body);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
-        let (client, url) = (client.clone(), format!("{base_url}/v1/completions"));
+        let (client, url, body) = (client.clone(), format!("{base_url}/v1/completions"), body.clone());
         tasks.push(tokio::spawn(async move {
             let mut stats = LoadStats::default();
             let mut n = 0u64;
             while start.elapsed() < duration {
                 n += 1;
-                let body = completion(seed ^ c as u64, n, tokens);
-                stats.record(one_stream(&client, &url, &body).await);
+                stats.record(one_stream(&client, &url, &body(c, n)).await);
             }
             stats
         }));
