@@ -122,6 +122,16 @@ proc close { conn } { tcl_close $conn }
 namespace eval LB { proc server { what } { return $::cur_pool } }
 proc active_members { flag pool } { return $::active($pool) }
 proc pool { name args } { set ::picked [list $name {*}$args] }
+# BIG-IP's crc32 (the zlib one); HTTP::header value answers "" for a header the request lacks.
+proc crc32 { s } { return [zlib crc32 [encoding convertto utf-8 $s]] }
+set ::hdr {}
+namespace eval HTTP {
+    proc header { sub name } {
+        if { $sub ne "value" } { error "double: unsupported HTTP::header $sub" }
+        if { [dict exists $::hdr [string tolower $name]] } { return [dict get $::hdr [string tolower $name]] }
+        return ""
+    }
+}
 "#;
 
 /// Run the double, the iRule and `driver` in tclsh; its stdout.
@@ -262,4 +272,97 @@ foreach l $::logs {{ puts "log $l" }}
         .collect();
     assert!(writes.is_empty(), "sideband mode wrote to BIG-IP: {writes:?}");
     assert!(bigip.ratios("/Common/llm_pool").values().all(|&r| r == 1));
+}
+
+/// Prefix affinity in the sideband iRule, with ratios already in its table (no controller needed:
+/// the fetch lock is held, so it keeps what is there): a key stays on one member while that member
+/// is under its bound, spills when it is over, and the members' shares of the keys follow their
+/// ratios; a request without the key gets the weighted least-connections pick.
+#[test]
+fn the_sideband_irule_keeps_a_prefix_key_on_one_member_under_its_bound() {
+    let driver = r#"
+set static::llmlc_pools [list /Common/llm_pool llm]
+set ::cur_pool /Common/llm_pool
+set ::active(/Common/llm_pool) [list {10.0.0.1 8000} {10.0.0.2 8000} {10.0.0.3 8000}]
+table add -subtable llmlc_fetch llm held indefinite 100000
+proc ratios { a b c } {
+    foreach m {{10.0.0.1 8000} {10.0.0.2 8000} {10.0.0.3 8000}} r [list $a $b $c] {
+        table set -subtable llmlc_ratio:llm $m $r indefinite 100000
+    }
+}
+set ::conn 0
+# One request on a new connection; `close` ends it (CLIENT_CLOSED) before the next one.
+proc req { key close } {
+    set ::picked ""
+    if { $key eq "" } { set ::hdr {} } else { set ::hdr [dict create x-llm-prefix-key $key] }
+    set c [incr ::conn]
+    fire $c HTTP_REQUEST
+    if { $close } { fire $c CLIENT_CLOSED }
+    return [lindex $::picked 2]
+}
+ratios 50 50 50
+# 12 keys, 6 requests each, one at a time.
+for {set k 0} {$k < 12} {incr k} {
+    set seen {}
+    for {set i 0} {$i < 6} {incr i} { lappend seen [req "session-$k" 1] }
+    puts "key session-$k [lsort -unique $seen]"
+}
+# 12 requests of one key kept in flight at once, then one more after they end.
+set first $::conn
+set burst {}
+for {set i 0} {$i < 12} {incr i} { lappend burst [req "session-0" 0] }
+foreach m [lsort -unique $burst] { puts "burst $m [llength [lsearch -all -exact $burst $m]]" }
+for {set c [expr {$first + 1}]} {$c <= $::conn} {incr c} { fire $c CLIENT_CLOSED }
+puts "after [req session-0 1]"
+# Shares of 600 keys at equal ratios and at 10:10:60.
+foreach {tag a b c} {even 50 50 50 weighted 10 10 60} {
+    ratios $a $b $c
+    for {set k 0} {$k < 600} {incr k} { incr ::share($tag,[req "$tag-$k" 1]) }
+}
+foreach k [lsort [array names ::share]] { puts "share $k $::share($k)" }
+# No key: the weighted least-connections pick, which spreads requests held in flight.
+set nokey {}
+for {set i 0} {$i < 8} {incr i} { lappend nokey [req "" 0] }
+puts "nokey [llength [lsort -unique $nokey]]"
+"#;
+    let out = tclsh(driver);
+    eprintln!("{}", out.lines().filter(|l| !l.starts_with("key ")).collect::<Vec<_>>().join("\n"));
+    let mut homes = std::collections::BTreeSet::new();
+    for l in out.lines().filter(|l| l.starts_with("key ")) {
+        let f: Vec<&str> = l.split(' ').collect();
+        assert_eq!(f.len(), 3, "a key on more than one member: {l}\n{out}");
+        homes.insert(f[2].to_string());
+    }
+    assert_eq!(out.lines().filter(|l| l.starts_with("key ")).count(), 12, "{out}");
+    assert!(homes.len() >= 2, "12 keys all on {homes:?}");
+    let home = out
+        .lines()
+        .find(|l| l.starts_with("key session-0 "))
+        .and_then(|l| l.split(' ').nth(2))
+        .expect("home");
+    let burst: BTreeMap<String, u64> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("burst "))
+        .filter_map(|l| l.split_once(' ').map(|(m, n)| (m.to_string(), n.parse().unwrap_or(0))))
+        .collect();
+    assert!(burst.len() >= 2, "the burst never left its member: {burst:?}");
+    assert!(burst.get(home).copied().unwrap_or(0) >= 4, "home {home} keeps its share: {burst:?}");
+    assert!(burst.values().all(|&n| n <= 8), "a member over the bound: {burst:?}");
+    assert!(out.contains(&format!("after {home}")), "the key goes home after the burst:\n{out}");
+    let share = |tag: &str, m: &str| -> f64 {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("share {tag},{m} ")))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 600.0
+    };
+    for m in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+        assert!(
+            (0.25..=0.42).contains(&share("even", m)),
+            "{m} at equal ratios: {}\n{out}",
+            share("even", m)
+        );
+    }
+    assert!((0.65..=0.85).contains(&share("weighted", "10.0.0.3")), "ratio 60 of 80:\n{out}");
+    assert!(out.contains("nokey 3"), "requests without a key spread by load:\n{out}");
 }

@@ -9,7 +9,7 @@
 # nothing) or any sink; only its /v1/ratios/POOL endpoint is used here.
 #
 # Written from F5's iRule reference (connect/send/recv/close, table, active_members, LB::server,
-# pool ... member) for TMOS 11.6+ (Tcl 8.4: no lassign, no dict). What is tested:
+# pool ... member, HTTP::header, crc32) for TMOS 11.6+ (Tcl 8.4: no lassign, no dict). What is tested:
 # tests/bigip_sideband.rs runs this file under the real Tcl interpreter against a double of those
 # commands, fetching from a running controller over a real socket. It is untested on a real BIG-IP:
 # try it on a lab unit first.
@@ -22,6 +22,17 @@
 # In-flight requests are counted per member in the session table: +1 when this iRule picks a
 # member, -1 when the next request on the connection starts, the connection closes, or the pick
 # fails (LB_FAILED). Requests routed by the pool itself are not counted.
+#
+# Prefix-cache affinity (llmlc_affinity_factor > 0): a request with the llmlc_affinity_header
+# (a session or prefix id, or the 16 hex digits the reference proxy sets) goes to the member its
+# key hashes to, while that member has fewer requests in flight than its bound: factor/100 of the
+# pool's requests in flight (this one included) times the member's share of the ratios. Over the
+# bound, or without the header, the weighted least-connections pick above decides. The hash is a
+# weighted rendezvous hash (each member scores ratio / -ln(u), u from the mixed crc32 of key and
+# member; the highest wins): a key keeps its member while the member set stays, a member's share
+# of the keys follows its ratio, and a member leaving moves only its own keys. A BIG-IP hash persistence
+# profile would keep the key too, but cannot see the controller's ratios or a member's load, so
+# the iRule computes the hash itself and needs no persistence profile or records.
 
 when RULE_INIT {
     # Where the controller serves its ratios: a virtual server name (e.g. one in front of the
@@ -35,6 +46,38 @@ when RULE_INIT {
     set static::llmlc_ttl 60
     # The sideband call runs inside a client's request: keep it short.
     set static::llmlc_timeout_ms 300
+    # Prefix-cache affinity: the key's header, and the load bound in percent (0: off).
+    set static::llmlc_affinity_header "x-llm-prefix-key"
+    set static::llmlc_affinity_factor 150
+}
+
+# crc32 is linear: the crc32s of one key with two members differ by the same bits whatever the
+# key, so the members' scores would move together and one member would win most keys. Murmur3's
+# finaliser (multiplications, mod 2^32) makes them independent. wide(): Tcl 8.4's ints are 32-bit.
+proc llmlc_mix { h } {
+    set h [expr {wide($h) & 0xFFFFFFFF}]
+    set h [expr {$h ^ ($h >> 16)}]
+    set h [expr {($h * 0x85EBCA6B) & 0xFFFFFFFF}]
+    set h [expr {$h ^ ($h >> 13)}]
+    set h [expr {($h * 0xC2B2AE35) & 0xFFFFFFFF}]
+    return [expr {$h ^ ($h >> 16)}]
+}
+
+# The member `key` hashes to among `members` (each {address port ratio}), or "" if none.
+proc llmlc_affinity_pick { key members } {
+    set best ""
+    set best_score 0
+    foreach m $members {
+        set h [call llmlc_mix [crc32 "$key [lindex $m 0] [lindex $m 1]"]]
+        # u in (0, 1), so that the logarithm is finite.
+        set u [expr {($h + 1.0) / 4294967297.0}]
+        set score [expr {[lindex $m 2] / -log($u)}]
+        if { $best eq "" || $score > $best_score } {
+            set best "[lindex $m 0] [lindex $m 1]"
+            set best_score $score
+        }
+    }
+    return $best
 }
 
 # Fetch one pool's ratios into the subtable llmlc_ratio:NAME. Returns how many were stored.
@@ -96,12 +139,19 @@ when HTTP_REQUEST priority 600 {
 
     set llmlc_best ""
     set llmlc_best_score 0
+    set llmlc_known {}
+    set llmlc_ratio_sum 0
+    set llmlc_inflight_sum 0
     foreach m [active_members -list $llmlc_bigip_pool] {
         set key "[lindex $m 0] [lindex $m 1]"
         set r [table lookup -notouch -subtable "llmlc_ratio:$llmlc_name" $key]
         if { $r eq "" } { continue }
         set n [table lookup -notouch -subtable "llmlc_inflight:$llmlc_bigip_pool" $key]
         if { $n eq "" || $n < 0 } { set n 0 }
+        lappend llmlc_known [list [lindex $m 0] [lindex $m 1] $r]
+        set llmlc_inflight($key) $n
+        incr llmlc_ratio_sum $r
+        incr llmlc_inflight_sum $n
         set score [expr {($n + 1.0) / $r}]
         if { $llmlc_best eq "" || $score < $llmlc_best_score } {
             set llmlc_best $key
@@ -110,6 +160,15 @@ when HTTP_REQUEST priority 600 {
     }
     # No ratio known for any active member: the pool's own mode decides.
     if { $llmlc_best eq "" } { return }
+
+    set llmlc_key [HTTP::header value $static::llmlc_affinity_header]
+    if { $static::llmlc_affinity_factor > 0 && $llmlc_key ne "" } {
+        set llmlc_home [call llmlc_affinity_pick $llmlc_key $llmlc_known]
+        set llmlc_r [table lookup -notouch -subtable "llmlc_ratio:$llmlc_name" $llmlc_home]
+        set llmlc_bound [expr {ceil($static::llmlc_affinity_factor / 100.0 * ($llmlc_inflight_sum + 1) * $llmlc_r / $llmlc_ratio_sum)}]
+        if { $llmlc_inflight($llmlc_home) < $llmlc_bound } { set llmlc_best $llmlc_home }
+    }
+    unset -nocomplain llmlc_inflight
     pool $llmlc_bigip_pool member [lindex $llmlc_best 0] [lindex $llmlc_best 1]
     set llmlc_pick [list "llmlc_inflight:$llmlc_bigip_pool" $llmlc_best]
     table incr -notouch -subtable "llmlc_inflight:$llmlc_bigip_pool" $llmlc_best
