@@ -1,8 +1,8 @@
 //! Prefix affinity on a real engine: three real llama-servers (two slots each; every slot keeps
 //! its last prompt and reuses the longest common start of the next one) behind real HAProxy, a
 //! load whose requests share one of six long prompt openings, once through the shipped
-//! deploy/haproxy/haproxy-prefix.cfg (its key: the body's first 512 bytes) and once through
-//! `balance leastconn`, each on freshly started servers.
+//! deploy/haproxy/haproxy-prefix.cfg with its opt-in body key (the first 512 bytes) and once
+//! through the same file's `balance leastconn` backend, each on freshly started servers.
 //!
 //! The servers run with llama.cpp's RAM prompt cache off (`--cache-ram 0`): each holds only the
 //! prompts its two slots hold, fewer than the six openings, as a GPU server's KV memory holds fewer
@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use llm_lc_testkit::haproxy::{shipped_prefix_config, wait_all_up, Haproxy};
+use llm_lc_testkit::haproxy::{shipped_prefix_config, wait_all_up, with_body_key, Haproxy};
 use llm_lc_testkit::llamacpp::{closed_loop_of, grouped_prompt, metric, LlamaServer, LoadStats, Options};
 
 /// Groups of requests sharing an opening, and the opening's length: ~800 tokens, whose prefill
@@ -31,7 +31,7 @@ const CLIENTS: usize = 3;
 enum Lb {
     /// deploy/haproxy/haproxy-prefix.cfg as shipped.
     PrefixHash,
-    /// The same servers in a `balance leastconn` backend.
+    /// The same file's `balance leastconn` backend (where requests without a key go).
     Leastconn,
 }
 
@@ -80,15 +80,16 @@ async fn run(lb: Lb, secs: u64, seed: u64, cache_ram_mib: Option<u32>) -> Run {
     );
     let servers = [a, b, c];
     let members: Vec<String> = servers.iter().map(|s| s.addr()).collect();
-    let leastconn: String =
-        members.iter().enumerate().map(|(i, m)| format!("    server lc{i} {m}\n")).collect();
+    // The shipped file with its opt-in body key on (these clients send no header), plus a
+    // frontend straight to its leastconn backend.
     let cfg = format!(
-        "{}\nbackend llm_leastconn\n    balance leastconn\n{leastconn}\nfrontend lc\n    bind 127.0.0.1:{{{{PORT:lc}}}}\n    \
-         default_backend llm_leastconn\n",
-        shipped_prefix_config(&members)
+        "{}\nfrontend lc\n    bind 127.0.0.1:{{{{PORT:lc}}}}\n    default_backend llm\n",
+        with_body_key(&shipped_prefix_config(&members), 512)
     );
     let hx = Haproxy::start(&cfg).await;
-    wait_all_up(&hx, "llm_prefix", &["vllm-0", "vllm-1", "vllm-2"]).await;
+    for backend in ["llm_prefix", "llm"] {
+        wait_all_up(&hx, backend, &["vllm-0", "vllm-1", "vllm-2"]).await;
+    }
     let port = match lb {
         Lb::PrefixHash => hx.port("fe"),
         Lb::Leastconn => hx.port("lc"),

@@ -29,14 +29,14 @@ async fn echo_key() -> SocketAddr {
 /// Two pools on the same upstream, chosen by model: `keyed` sets the header, `plain` does not.
 fn config(upstream: &str) -> String {
     format!(
-        "pools:\n  - name: keyed\n    members: ['{upstream}']\n    set_prefix_key: true\n  - name: plain\n    \
+        "prefix_key_from_body: true\npools:\n  - name: keyed\n    members: ['{upstream}']\n    set_prefix_key: true\n  - name: plain\n    \
          members: ['{upstream}']\nroutes:\n  steps:\n    - id: model\n      field: model\n      op: equals\n      \
          value: plain\n      match: {{ pool: plain }}\n      miss: {{ pool: keyed }}\n"
     )
 }
 
 /// A chat body whose first 600 bytes are the same for every group (a long `user` field first), so
-/// only a key taken from the messages tells the groups apart.
+/// only a key taken from the messages tells the groups apart (HAProxy's opt-in body key could not).
 fn chat(model: &str, group: usize, question: usize) -> String {
     let padding = "x".repeat(600);
     format!(
@@ -86,6 +86,12 @@ async fn the_proxy_forwards_its_key_as_hex_and_never_the_clients_raw_bytes() {
     // A pool without set_prefix_key passes the client's header through untouched and adds none.
     assert_eq!(post(addr, chat("plain", 1, 1), None).await, "-");
     assert_eq!(post(addr, chat("plain", 1, 1), Some(b"session-9")).await, "session-9");
+
+    // Without prefix_key_from_body (the default) only a client's header makes a key.
+    let cfg = config(&upstream.to_string()).replace("prefix_key_from_body: true\n", "");
+    let q = start_proxy(&cfg).await;
+    assert_eq!(post(q.addr(), chat("m", 1, 1), None).await, "-", "no body key by default");
+    assert_eq!(post(q.addr(), chat("m", 1, 1), Some(odd)).await, o1, "the header's key is the same");
 }
 
 #[tokio::test]
@@ -96,18 +102,22 @@ async fn behind_the_proxy_haproxy_keeps_each_group_the_proxy_sees_on_one_server(
     }
     let members: Vec<String> = backends.iter().map(|b| b.addr()).collect();
     let hx = Haproxy::start(&shipped_prefix_config(&members)).await;
-    wait_all_up(&hx, "llm_prefix", &["vllm-0", "vllm-1", "vllm-2"]).await;
+    for backend in ["llm_prefix", "llm"] {
+        wait_all_up(&hx, backend, &["vllm-0", "vllm-1", "vllm-2"]).await;
+    }
     let p = start_proxy(&config(&format!("127.0.0.1:{}", hx.port("fe")))).await;
 
-    // Through the plain pool HAProxy sees only its body key, the same 512 bytes for every group:
-    // one server takes them all.
-    let mut plain = BTreeSet::new();
-    for g in 0..8 {
+    // Through the plain pool HAProxy gets no key and balances by leastconn: sequential requests
+    // rotate, so no group keeps a server.
+    let mut split = 0;
+    for g in 0..4 {
+        let mut seen = BTreeSet::new();
         for q in 0..3 {
-            plain.insert(post(p.addr(), chat("plain", g, q), None).await);
+            seen.insert(post(p.addr(), chat("plain", g, q), None).await);
         }
+        split += usize::from(seen.len() > 1);
     }
-    assert_eq!(plain.len(), 1, "without the proxy's key every group shares HAProxy's body key: {plain:?}");
+    assert_eq!(split, 4, "without the proxy's key HAProxy should not keep groups together");
 
     // Through the keyed pool each group keeps one server, and the groups spread.
     let mut used = BTreeSet::new();

@@ -4,8 +4,9 @@
 //!
 //! What each LB must show: the requests of one prefix key land on one server while that server is
 //! under the load bound; they spill to the next server when it is over; unrelated keys spread; and
-//! a server's share of the keys follows the weight we push. For HAProxy also the key taken from the
-//! body's first bytes when there is no header, and the weighted fallback when there is neither.
+//! a server's share of the keys follows the weight we push. For HAProxy also that requests without
+//! a key go to its leastconn backend, and the opt-in key from the body's first bytes (its length
+//! measured).
 //!
 //! The backends answer with their name, so each request's server is read from its answer (health
 //! checks hit the backends too and would spoil a count of hits).
@@ -18,7 +19,7 @@ use llm_lc_adapters::envoy::{EdsRegistry, EnvoyConfig, EnvoySink};
 use llm_lc_adapters::haproxy::{HaproxyConfig, HaproxySink};
 use llm_lc_adapters::{MemberId, RatioSink, Ratios};
 use llm_lc_testkit::envoy::{rewrite, serve, CountingBackend, Envoy, DELAY_HEADER};
-use llm_lc_testkit::haproxy::{shipped_prefix_config, wait_all_up, Haproxy};
+use llm_lc_testkit::haproxy::{shipped_prefix_config, wait_all_up, with_body_key, Haproxy};
 use llm_lc_testkit::wait;
 
 const KEY_HEADER: &str = "x-llm-prefix-key";
@@ -119,7 +120,9 @@ fn haproxy_config(members: &[String]) -> String {
 }
 
 async fn haproxy_up(hx: &Haproxy) {
-    wait_all_up(hx, "llm_prefix", &["vllm-0", "vllm-1", "vllm-2"]).await
+    for backend in ["llm_prefix", "llm"] {
+        wait_all_up(hx, backend, &["vllm-0", "vllm-1", "vllm-2"]).await
+    }
 }
 
 #[tokio::test]
@@ -142,23 +145,19 @@ async fn haproxy_keeps_a_key_on_one_server_under_the_bound_and_its_weights_still
     let used: BTreeSet<_> = homes.values().collect();
     assert!(used.len() >= 2, "12 sessions all on {used:?}");
 
-    // No header: the body's first 512 bytes (model and the start of the system prompt) are the key.
-    // Groups share a 130-byte opening, their documents differ after it, their questions differ
-    // far beyond the 512 bytes.
-    let mut body_homes = BTreeSet::new();
-    for g in 0..8 {
+    // No header: the leastconn backend, by default. Sequential requests of one group rotate over
+    // the servers (none has a connection in flight), so no group keeps a server.
+    let mut split = 0;
+    for g in 0..4 {
         let mut seen = BTreeSet::new();
         for q in 0..6 {
             seen.insert(send(&client, port, None, &chat_body(g, q), 0).await);
         }
-        assert_eq!(seen.len(), 1, "group {g}'s bodies went to {seen:?}");
-        body_homes.extend(seen);
+        split += usize::from(seen.len() > 1);
     }
-    assert!(body_homes.len() >= 2, "8 body groups all on {body_homes:?}");
-
-    // Neither header nor body: weighted round robin, nothing refused.
+    assert_eq!(split, 4, "without a key no group should be hashed");
     let seen = servers_of(&client, port, None, "", 12).await;
-    assert_eq!(seen.len(), 3, "empty requests should round-robin, went to {seen:?}");
+    assert_eq!(seen.len(), 3, "empty requests should go round the leastconn backend, went to {seen:?}");
 
     // Over the bound: 12 requests of one key in flight at once. hash-balance-factor 150 lets a
     // server hold 150% of the average, so the home server takes about half and the next servers on
@@ -242,6 +241,20 @@ async fn envoy_ring_hash_keeps_a_key_on_one_server_under_the_bound_and_its_weigh
     let used: BTreeSet<_> = homes.values().collect();
     assert!(used.len() >= 2, "12 sessions all on {used:?}");
 
+    // Without the header: the least-request cluster (two choices), so requests held in flight
+    // spread instead of piling on one server.
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        let client = client.clone();
+        held.push(tokio::spawn(async move { send(&client, port, None, "{}", 800).await }));
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let mut unkeyed = BTreeSet::new();
+    for h in held {
+        unkeyed.insert(h.await.expect("request"));
+    }
+    assert!(unkeyed.len() >= 2, "requests without a key should spread by load: {unkeyed:?}");
+
     let home = &homes["session-0"];
     let spread = burst(port, "session-0", 12, 1000).await;
     eprintln!("Envoy: 12 requests of one key in flight, home {home}: {spread:?}");
@@ -256,6 +269,7 @@ async fn envoy_ring_hash_keeps_a_key_on_one_server_under_the_bound_and_its_weigh
     eds.sink.apply(&ratios(&members, &[10, 10, 60])).await.expect("push weights");
     let want: BTreeMap<String, u32> = members.iter().cloned().zip([10, 10, 60]).collect();
     envoy.wait_weights("vllm", &want, Duration::from_secs(5)).await;
+    envoy.wait_weights("vllm_prefix", &want, Duration::from_secs(5)).await;
     let weighted = key_shares(&client, port, 600, "weighted").await;
     eprintln!("Envoy: 600 keys at weights 10:10:60 -> {weighted:?}");
     let heavy = weighted.get("s2").copied().unwrap_or(0.0);
@@ -278,9 +292,7 @@ async fn haproxy_first_bytes_key_length_measured() {
     let client = reqwest::Client::new();
     let mut table = Vec::new();
     for n in [64usize, 128, 256, 512, 1024, 2048, 8192] {
-        let cfg = haproxy_config(&members)
-            .replace("at-least 512", &format!("at-least {n}"))
-            .replace("bytes(0,512)", &format!("bytes(0,{n})"));
+        let cfg = with_body_key(&haproxy_config(&members), n);
         let hx = Haproxy::start(&cfg).await;
         haproxy_up(&hx).await;
         let port = hx.port("fe");
@@ -297,6 +309,11 @@ async fn haproxy_first_bytes_key_length_measured() {
         table.push((n, whole, servers.len()));
     }
     let row = |n| table.iter().find(|r| r.0 == n).copied().expect("measured");
+    // The opt-in body key as shipped (512 bytes) still leaves bodiless requests to leastconn.
+    let hx = Haproxy::start(&with_body_key(&haproxy_config(&members), 512)).await;
+    haproxy_up(&hx).await;
+    let seen = servers_of(&client, hx.port("fe"), None, "", 12).await;
+    assert_eq!(seen.len(), 3, "empty requests should go round the leastconn backend, went to {seen:?}");
     assert_eq!(row(64), (64, 8, 1), "64 bytes should be the shared opening only: {table:?}");
     assert_eq!(row(512).1, 8, "512 bytes should keep every group together: {table:?}");
     assert!(row(512).2 >= 2, "512 bytes should spread the groups: {table:?}");

@@ -171,6 +171,9 @@ pub struct RunSpec {
     pub tiering: Tiering,
     /// `prefix-affinity`'s load bound, percent (HAProxy's `hash-balance-factor`).
     pub hash_balance_factor: u32,
+    /// Requests of scenarios without shared prefixes carry a key of their own (the opt-in body
+    /// key); otherwise none.
+    pub body_keys: bool,
 }
 
 impl RunSpec {
@@ -745,8 +748,8 @@ impl Sim<'_> {
         match &mut self.traffic {
             Traffic::Plain => {
                 let (prompt, output) = self.lengths.sample(&mut self.length_rng);
-                let key = self.key_rng.gen::<u64>();
-                self.dispatch(prompt, output, None, Some(key), NO_SESSION);
+                let key = spec.body_keys.then(|| self.key_rng.gen::<u64>());
+                self.dispatch(prompt, output, None, key, NO_SESSION);
             }
             Traffic::Shared(w) => {
                 let p = w.next(&mut self.length_rng);

@@ -163,6 +163,11 @@ pub struct Knobs {
     /// of the requests in flight (HAProxy's `hash-balance-factor`, Envoy's `hash_balance_factor`).
     #[arg(long, default_value_t = llm_lc_balance::ring::DEFAULT_BALANCE_FACTOR)]
     pub hash_balance_factor: u32,
+    /// Scenarios without shared prefixes: give every request a key of its own, as the opt-in body
+    /// key does (HAProxy's first bytes, the proxy's `prefix_key_from_body`). Default: no key, as
+    /// when only clients that share send the `x-llm-prefix-key` header.
+    #[arg(long)]
+    pub body_keys: bool,
 }
 
 /// One scenario at one load: every balancer's results and what was run.
@@ -223,6 +228,7 @@ pub struct Settings {
     pub record_series: bool,
     pub lb_instances: usize,
     pub hash_balance_factor: u32,
+    pub body_keys: bool,
 }
 
 impl Settings {
@@ -295,6 +301,7 @@ impl Settings {
             record_series: args.plot.is_some(),
             lb_instances: a.lb_instances,
             hash_balance_factor: a.hash_balance_factor,
+            body_keys: a.body_keys,
         })
     }
 }
@@ -352,8 +359,11 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
                 replicas: sc.speeds.len(),
                 lb_mode: b.weight_mode().to_string(),
                 // A ring's weight change moves keys off the servers that cache them: like a BIG-IP
-                // write, it has a lasting cost, so it gets the same change policy.
-                config_writes: settings.control.config_writes || b == Balancer::PrefixAffinity,
+                // write, it has a lasting cost, so it gets the same change policy. Where no request
+                // has a key the ring is idle and the requests go by the unkeyed backend's weights
+                // (the shipped configs' leastconn backend), which have no such cost.
+                config_writes: settings.control.config_writes
+                    || (b == Balancer::PrefixAffinity && (sc.mix.has_structure() || settings.body_keys)),
                 tiers: if tiering == Tiering::SpillOver { sc.tiers.clone() } else { Vec::new() },
                 ..settings.control.clone()
             },
@@ -366,6 +376,7 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
             external_rps: external_rps.clone(),
             lb_instances: settings.lb_instances,
             hash_balance_factor: settings.hash_balance_factor,
+            body_keys: settings.body_keys,
         })
         .collect();
     let outcomes = run_all(&specs, settings.jobs)?;

@@ -44,6 +44,13 @@ pub struct ProxyConfig {
     pub timeouts: Timeouts,
     #[serde(default)]
     pub criticality: CriticalityConfig,
+    /// Derive a prefix key from the body (the model and the prompt's first 256 characters) for
+    /// requests without an `x-llm-prefix-key` header. Off: only requests whose client sends the
+    /// header have a key. Turn it on only for traffic that nearly all shares long prompt openings:
+    /// a key for a request that shares nothing turns the prefix-affinity pick into a random one
+    /// under a loose bound, which costs tail latency (src/bench/RESULTS.md, "Where nothing is shared").
+    #[serde(default)]
+    pub prefix_key_from_body: bool,
     pub pools: Vec<PoolConfig>,
     pub routes: RoutesConfig,
 }

@@ -1,9 +1,11 @@
 //! The prefix key of a request, for `algorithm: prefix-affinity` (and for an LB behind the proxy).
 //!
 //! A client that knows what its requests share sends it: a session id or a prefix id in
-//! [`PREFIX_KEY_HEADER`]. Otherwise the key is the model name and the start of the prompt (the
-//! first [`KEY_PROMPT_CHARS`] characters of the first message, or of the prompt): requests with the
-//! same system prompt or document share it, unrelated ones almost never do. The header's bytes are
+//! [`PREFIX_KEY_HEADER`]. Otherwise, where the config asks for it (`prefix_key_from_body`), the key
+//! is the model name and the start of the prompt (the first [`KEY_PROMPT_CHARS`] characters of the
+//! first message, or of the prompt): requests with the same system prompt or document share it,
+//! unrelated ones almost never do. It is opt-in because a key on a request that shares nothing
+//! costs: it is hashed to a server regardless of that server's queue (below the bound). The header's bytes are
 //! hashed, whatever they are, and never logged or echoed.
 
 use axum::http::{HeaderMap, HeaderValue};
@@ -15,10 +17,14 @@ pub const PREFIX_KEY_HEADER: &str = "x-llm-prefix-key";
 /// How much of the prompt's start makes the key when the client sends none.
 pub const KEY_PROMPT_CHARS: usize = 256;
 
-/// The request's key: the header's, else one from the body, else `None` (the weighted pick).
-pub fn prefix_key(headers: &HeaderMap, body: &Value) -> Option<u64> {
-    if let Some(h) = headers.get(PREFIX_KEY_HEADER) {
+/// The request's key: the header's, else (when `from_body`) one from the body, else `None` (the
+/// weighted pick).
+pub fn prefix_key(headers: &HeaderMap, body: &Value, from_body: bool) -> Option<u64> {
+    if let Some(h) = headers.get(PREFIX_KEY_HEADER).filter(|h| !h.is_empty()) {
         return Some(fnv1a(h.as_bytes()));
+    }
+    if !from_body {
+        return None;
     }
     let model = body.get("model").and_then(Value::as_str).unwrap_or("");
     let start = prompt_start(body)?;
@@ -65,7 +71,7 @@ mod tests {
         for (name, v) in headers {
             h.insert(*name, axum::http::HeaderValue::from_bytes(v).expect("header bytes"));
         }
-        prefix_key(&h, &body)
+        prefix_key(&h, &body, true)
     }
 
     #[test]
@@ -90,5 +96,11 @@ mod tests {
         assert_ne!(key(&[], prompt("first")), key(&[], prompt("second")));
         assert_eq!(key(&[], json!({"model": "m"})), None, "no prompt: no key");
         assert_eq!(key(&[], json!({"model": "m", "prompt": ""})), None);
+        let mut h = HeaderMap::new();
+        assert_eq!(prefix_key(&h, &chat("m", "a?"), false), None, "the body key is opt-in");
+        h.insert(PREFIX_KEY_HEADER, axum::http::HeaderValue::from_static("s-1"));
+        assert!(prefix_key(&h, &chat("m", "a?"), false).is_some(), "a header key always counts");
+        h.insert(PREFIX_KEY_HEADER, axum::http::HeaderValue::from_static(""));
+        assert_eq!(prefix_key(&h, &json!({}), false), None, "an empty header is no key");
     }
 }

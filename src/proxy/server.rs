@@ -66,6 +66,7 @@ pub struct Shared {
     pub criticality_header: String,
     pub criticality_field: Vec<Seg>,
     pub criticality_default: Criticality,
+    pub prefix_key_from_body: bool,
     pool_metrics: Vec<PoolMetrics>,
     /// Per step: its (miss, match) counters.
     step_counters: Vec<[Counter; 2]>,
@@ -151,6 +152,7 @@ impl Shared {
             criticality_header: cfg.criticality.header.to_ascii_lowercase(),
             criticality_field: parse_path(&cfg.criticality.field).unwrap_or_default(),
             criticality_default: cfg.criticality.default,
+            prefix_key_from_body: cfg.prefix_key_from_body,
             pool_metrics,
             step_counters,
             started_unix,
@@ -409,7 +411,7 @@ async fn handle(s: Arc<Shared>, ep: Endpoint, headers: HeaderMap, body: Body) ->
         Endpoint::Completions => &pool.completion_uris,
     };
     let mut tried: Vec<usize> = Vec::new();
-    let key = crate::prefix_key::prefix_key(&headers, &json);
+    let key = crate::prefix_key::prefix_key(&headers, &json, s.prefix_key_from_body);
     let forwarded = forwarded_headers(&pool, headers, key);
     let (picked, started) = loop {
         let Some(picked) = pool.pick_counted(&tried, key) else {

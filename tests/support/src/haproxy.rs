@@ -56,6 +56,22 @@ pub fn shipped_prefix_config(members: &[String]) -> String {
     cfg
 }
 
+/// `cfg` (from [`shipped_prefix_config`]) with the opt-in body key turned on, hashing the body's
+/// first `bytes` bytes (the shipped length is 512).
+pub fn with_body_key(cfg: &str, bytes: usize) -> String {
+    let lines = [
+        "    # http-request wait-for-body time 1s at-least 512\n",
+        "    # http-request set-var(txn.prefix_key) req.body,bytes(0,512)",
+    ];
+    let mut out = cfg.to_string();
+    for l in lines {
+        assert!(out.contains(l), "{l:?} not in the shipped haproxy-prefix.cfg");
+        out = out.replace(l, &l.replacen("    # ", "    ", 1));
+    }
+    out.replace("at-least 512", &format!("at-least {bytes}"))
+        .replace("bytes(0,512)", &format!("bytes(0,{bytes})"))
+}
+
 /// Poll until every server of `backend` is UP by its health check.
 pub async fn wait_all_up(hx: &Haproxy, backend: &str, servers: &[&str]) {
     crate::wait::until(
