@@ -329,8 +329,23 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The proxy's goal against the incumbent, per level: its added p99 at most HAProxy's + this.
+pub const GOAL_P99_SLACK_MS: f64 = 0.5;
+/// ... and its request rate at least this share of HAProxy's.
+pub const GOAL_RATE_SHARE: f64 = 1.0;
+
+/// The goal's two numbers at one level and whether both hold: (proxy p99 − HAProxy p99 in ms,
+/// which is the difference of their added p99s since both add to the same direct path; proxy
+/// rate / HAProxy rate; pass).
+pub fn goal(proxy: &Measured, haproxy: &Measured) -> (f64, f64, bool) {
+    let extra = proxy.p99_ms - haproxy.p99_ms;
+    let share = if haproxy.rps > 0.0 { proxy.rps / haproxy.rps } else { 0.0 };
+    let pass = extra <= GOAL_P99_SLACK_MS && share >= GOAL_RATE_SHARE && proxy.errors == 0;
+    (extra, share, pass)
+}
+
 /// The results as a Markdown table per concurrency level, with added latency against the direct
-/// path and the proxy's share of HAProxy's request rate.
+/// path, the proxy's share of HAProxy's request rate, and the goal's verdict per level.
 pub fn report(results: &[Measured], args: &BenchArgs) -> String {
     let mut s = format!(
         "Streamed chat completions of {} SSE events, {} requests per target and level, interleaved in batches of max({}, 4 x concurrency).\n",
@@ -357,6 +372,17 @@ pub fn report(results: &[Measured], args: &BenchArgs) -> String {
             s.push_str(&format!(
                 "| {} | {:.3} | {:.3} | {a50} | {a99} | {:.0} | {share} | {} |\n",
                 m.name, m.p50_ms, m.p99_ms, m.rps, m.errors
+            ));
+        }
+        let find = |name: &str| level.iter().find(|m| m.name == name).copied();
+        if let (Some(p), Some(h)) = (find("llmlc-proxy"), find("haproxy")) {
+            let (extra, share, pass) = goal(p, h);
+            s.push_str(&format!(
+                "\nGoal at concurrency {c}: added p99 {extra:+.3} ms against HAProxy's (at most +{GOAL_P99_SLACK_MS}), \
+                 request rate {:.0}% of HAProxy's (at least {:.0}%): {}\n",
+                100.0 * share,
+                100.0 * GOAL_RATE_SHARE,
+                if pass { "PASS" } else { "FAIL" }
             ));
         }
     }
@@ -390,5 +416,19 @@ mod tests {
         );
         assert!(r.contains("Concurrency 1:") && r.contains("Concurrency 16:"), "{r}");
         assert!(r.contains("| llmlc-proxy | 1.000 | 2.750 | 0.000 | 0.750 | 60 | 75% | 0 |"), "{r}");
+        assert!(r.contains("Goal at concurrency 1: added p99 +0.250 ms against HAProxy's"), "{r}");
+        assert!(r.contains("request rate 75% of HAProxy's (at least 100%): FAIL"), "{r}");
+        assert!(!r.contains("Goal at concurrency 16"), "no verdict without both proxies: {r}");
+    }
+
+    #[test]
+    fn the_goal_needs_both_the_tail_and_the_rate() {
+        let m = |p99_ms, rps| Measured { name: "x", concurrency: 16, p50_ms: 1.0, p99_ms, rps, errors: 0 };
+        let h = m(10.0, 1000.0);
+        assert!(goal(&m(10.5, 1000.0), &h).2, "+0.5 ms and 100% pass");
+        assert!(!goal(&m(10.6, 1200.0), &h).2, "+0.6 ms fails whatever the rate");
+        assert!(!goal(&m(9.0, 990.0), &h).2, "99% of the rate fails whatever the tail");
+        let (extra, share, _) = goal(&m(9.0, 1500.0), &h);
+        assert!((extra + 1.0).abs() < 1e-9 && (share - 1.5).abs() < 1e-9);
     }
 }
