@@ -29,7 +29,9 @@ struct Cli {
 enum Command {
     /// Run the control loop until SIGTERM/SIGINT.
     Run(RunArgs),
-    /// Validate a config file and print the plan: pools, members, the exact PromQL.
+    /// Validate a config file and print the plan: pools, members, the exact PromQL; then try to
+    /// connect to every address it names (Prometheus, static members, LBs) and name each one that
+    /// cannot be reached. Exits 2 on an invalid config, 0 otherwise.
     Check {
         #[arg(long, short, env = "LLMLC_CONFIG")]
         config: PathBuf,
@@ -149,7 +151,7 @@ fn init_logging(format: LogFormat) {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { config, offline } => check(&config, offline),
+        Command::Check { config, offline } => check(&config, offline).await,
         Command::Run(args) => run(args).await,
         #[cfg(feature = "tools")]
         Command::Sim(args) => {
@@ -182,7 +184,7 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
     }
 }
 
-fn check(path: &std::path::Path, offline: bool) -> ExitCode {
+async fn check(path: &std::path::Path, offline: bool) -> ExitCode {
     let loaded = if offline { config::load_offline(path) } else { config::load(path) };
     match loaded {
         Ok(cfg) => {
@@ -195,6 +197,11 @@ fn check(path: &std::path::Path, offline: bool) -> ExitCode {
                 for (field, what) in trusted {
                     println!("#   {field}: {}", llm_lc_adapters::name::escape_controls(&what));
                 }
+            } else {
+                // Also comments. A valid config exits 0 whatever is reachable: the report says what
+                // to fix, and a deploy pipeline that checks before the LB exists still passes.
+                let targets = llm_load_controller::reach::targets(&cfg);
+                print!("{}", llm_load_controller::reach::report(&targets).await.0);
             }
             ExitCode::SUCCESS
         }

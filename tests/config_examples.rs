@@ -124,3 +124,46 @@ fn plan_shows_the_exact_promql() {
     assert!(plan.contains("sum by (instance) (vllm:num_requests_waiting{job=\"vllm\"})"), "{plan}");
     assert!(plan.contains("discovered_each_cycle_from: up{job=\"vllm\"}"), "{plan}");
 }
+
+/// Plain `check` connects to every address the config names and names each one it cannot reach,
+/// without sending anything; `--offline` reaches nothing.
+#[test]
+fn plain_check_names_each_unreachable_thing_and_offline_reaches_nothing() {
+    let prometheus = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let (live, dead) = (prometheus.local_addr().expect("addr"), gone.local_addr().expect("addr"));
+    drop(gone);
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "sources:\n  prom: {{kind: prometheus, url: 'http://{live}'}}\n  direct: {{kind: scrape}}\npools:\n  \
+             - name: a\n    source: prom\n    members: {{static: ['10.9.0.1:8000']}}\n    \
+             sink: {{kind: webhook, url: 'http://{dead}/admin/ratios'}}\n  \
+             - name: b\n    source: direct\n    members: {{static: ['{live}', '{dead}']}}\n    \
+             sink: {{kind: haproxy, address: 'unix:{}', backend: llm}}\n  \
+             - name: c\n    source: prom\n    members: {{static: ['10.9.0.2:8000']}}\n    sink: {{kind: envoy, cluster: c}}\n",
+            dir.path().join("no.sock").display()
+        ),
+    )
+    .expect("config");
+    let out = check(&cfg);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "a valid config exits 0: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("# reach: 2 of 5 reachable from here"), "{text}");
+    assert!(text.contains(&format!("#   reachable    source prom {live}")), "{text}");
+    assert!(text.contains(&format!("#   reachable    pool b: member {live}")), "{text}");
+    assert!(text.contains(&format!("#   UNREACHABLE  pool a: sink webhook {dead}: ")), "{text}");
+    assert!(text.contains(&format!("#   UNREACHABLE  pool b: member {dead}: ")), "{text}");
+    assert!(text.contains("#   UNREACHABLE  pool b: sink haproxy unix:"), "{text}");
+    assert!(text.contains("#   not probed   pool c: sink envoy"), "{text}");
+    // Members of a Prometheus source are read through Prometheus, never connected to.
+    assert!(!text.lines().any(|l| l.starts_with("#   ") && l.contains("10.9.0.")), "{text}");
+    // The plan before the report still parses as YAML.
+    serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text).expect("plan and report parse as YAML");
+
+    let off = check_elsewhere(&cfg);
+    let text = String::from_utf8_lossy(&off.stdout);
+    assert!(off.status.success() && !text.contains("# reach:"), "--offline reaches nothing: {text}");
+}
