@@ -302,7 +302,7 @@ async fn the_reference_proxy_gets_the_slot_weights_by_webhook_and_routes_by_them
     proxy.shutdown().await;
 }
 
-/// The comparison of the README's "On a real engine" (`tests/llamacpp/compare.sh` runs it): two
+/// The comparison of docs/engines.md, "On a real engine" (`tests/llamacpp/compare.sh` runs it): two
 /// llama-servers, 4 slots and 1, behind HAProxy leastconn; 5 closed-loop streaming clients, 128
 /// tokens, 20 s per row: equal weights, hand-set 4:1, then the controller (`profile: llamacpp`,
 /// defaults otherwise). Prints the table; asserts only that every row completed requests.

@@ -903,7 +903,7 @@ fn autoscaling_examples_agree_with_each_other_and_with_the_controller() {
         None => v.parse().expect("quantity"),
     };
     assert_eq!(hpa_target, threshold, "KEDA and HPA examples use the same target");
-    // Slow scale-down (a replica takes minutes to come back), as the README recommends.
+    // Slow scale-down (a replica takes minutes to come back), as docs/openshift.md recommends.
     for b in [
         so.spec.advanced.as_ref().map(|a| &a.horizontal_pod_autoscaler_config.behavior),
         hs.behavior.as_ref(),

@@ -4,7 +4,7 @@
 //!
 //! Plain HTTPS against the API server with the pod's service-account token, rather than a full
 //! Kubernetes client library: four calls do not justify kube-rs's dependency tree and build time
-//! (measured in the README's "Members from Kubernetes").
+//! (measured in docs/configuration.md, "Members from Kubernetes").
 //! The token file is re-read before every call, because projected service-account tokens are
 //! rotated by the kubelet while the pod runs.
 

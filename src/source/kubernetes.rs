@@ -13,7 +13,7 @@
 //! How: one LIST per pool per cycle (a poll, not a watch). At the default 5 s that is 0.2 requests
 //! per second per pool, served from the API server's watch cache; it needs no long-lived stream and
 //! no resync logic, and a failed LIST keeps the last known members, like every other discovery.
-//! The hand-written client of `crate::leader` makes the call (see the README for why not kube-rs).
+//! The hand-written client of `crate::leader` makes the call (docs/configuration.md, "Members from Kubernetes", says why not kube-rs).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

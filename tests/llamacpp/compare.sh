@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "On a real engine": two real llama.cpp servers (4 slots and 1) behind a real HAProxy
+# docs/engines.md, "On a real engine": two real llama.cpp servers (4 slots and 1) behind a real HAProxy
 # (balance leastconn), 5 closed-loop streaming clients, 128 tokens, 20 s per row (LLMLC_COMPARE_SECS):
 # equal weights, hand-set 4:1, then the controller. Prints the table.
 # Needs Debian's haproxy (tests/run.sh installs it); installs llama-server itself.
