@@ -14,8 +14,10 @@ use llm_lc_adapters::{MemberId, SinkConfig};
 pub use llm_lc_configfile::{deserialize_yaml, problems_in, ConfigError, ConfigErrors};
 use serde::Deserialize;
 
+pub use crate::cycle::OnStale;
 use crate::policy::PolicyConfig;
-pub use crate::source::config::{PrometheusConfig, ScrapeConfig, SourceConfig};
+pub use crate::ratio::RatioRange;
+pub use crate::source::config::{JoinConfig, PrometheusConfig, ScrapeConfig, SourceConfig};
 use crate::source::profile::{MetricOverrides, ProfileName, QueryOverrides};
 use crate::source::validate as v;
 
@@ -131,62 +133,6 @@ pub struct MembersConfig {
     pub kubernetes: Option<crate::source::kubernetes::KubernetesMembers>,
 }
 
-/// How a series is matched to a member: the value of `label`, optionally rewritten by `regex` ->
-/// `replacement` (regex syntax of the `regex` crate; `$1` refers to a group), must equal the member id.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JoinConfig {
-    #[serde(default = "defaults::join_label")]
-    pub label: String,
-    #[serde(default)]
-    pub regex: Option<String>,
-    #[serde(default)]
-    pub replacement: Option<String>,
-}
-
-impl Default for JoinConfig {
-    fn default() -> Self {
-        JoinConfig { label: defaults::join_label(), regex: None, replacement: None }
-    }
-}
-
-/// Range of the integer ratios this pool's policy produces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RatioRange {
-    pub min: u32,
-    pub max: u32,
-}
-
-impl Default for RatioRange {
-    fn default() -> Self {
-        RatioRange { min: 1, max: 100 }
-    }
-}
-
-impl RatioRange {
-    pub fn clamp(&self, v: f64) -> u32 {
-        if v.is_nan() {
-            return self.min;
-        }
-        (v.round() as i64).clamp(self.min as i64, self.max as i64) as u32
-    }
-
-    pub fn mid(&self) -> f64 {
-        (self.min as f64 + self.max as f64) / 2.0
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnStale {
-    /// Keep the load balancer's last ratios.
-    #[default]
-    Hold,
-    /// Push equal ratios: with no information, spread load evenly.
-    Equal,
-}
-
 /// Set (to anything) to skip checking that files named in the config exist, for `check` of a config
 /// meant for another machine. `check --offline` is the spelled-out form; this stays for scripts.
 pub const SKIP_FILE_CHECKS_ENV: &str = "LLMLC_SKIP_FILE_CHECKS";
@@ -214,9 +160,6 @@ mod defaults {
     }
     pub fn unready_after_cycles() -> u32 {
         3
-    }
-    pub fn join_label() -> String {
-        "instance".into()
     }
     pub fn stale_after() -> Duration {
         Duration::from_secs(60)
@@ -404,29 +347,11 @@ impl Config {
                     err(at("selector"), &m);
                 }
             }
-            if p.join.label.is_empty() {
-                err(at("join.label"), "must not be empty");
+            for (field, msg) in p.join.validate() {
+                err(at(&format!("join.{field}")), &msg);
             }
-            match (&p.join.regex, &p.join.replacement) {
-                (Some(r), _) => {
-                    if let Err(e) = regex::Regex::new(r) {
-                        err(
-                            at("join.regex"),
-                            &format!("invalid regex: {}", crate::source::validate::regex_error(&e)),
-                        );
-                    }
-                }
-                (None, Some(_)) => err(at("join.replacement"), "needs join.regex"),
-                (None, None) => {}
-            }
-            if p.ratio.max == 0 {
-                err(at("ratio.max"), "must be > 0");
-            }
-            if p.ratio.min > p.ratio.max {
-                err(at("ratio.min"), "must be <= ratio.max");
-            }
-            if p.ratio.min == 0 {
-                err(at("ratio.min"), "must be >= 1 (a ratio of 0 drains a member; drain is a sink option)");
+            for (field, msg) in p.ratio.validate() {
+                err(at(&format!("ratio.{field}")), &msg);
             }
             for (d, f, min, max) in [
                 (p.stale_after, "stale_after", bounds::MIN_INTERVAL, bounds::MAX_STALE),

@@ -36,6 +36,7 @@ pub mod plan;
 pub mod policy;
 pub mod priority;
 pub mod quickstart;
+pub mod ratio;
 pub mod reach;
 pub mod reload;
 pub mod report;

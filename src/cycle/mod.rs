@@ -27,13 +27,25 @@ pub mod change;
 use std::time::{Duration, Instant};
 
 use llm_lc_adapters::{MemberId, Ratios};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::config::{OnStale, RatioRange};
 use crate::policy::{Outcome, PoolPolicy};
+use crate::ratio::RatioRange;
 use crate::source::Snapshot;
 use backoff::Backoff;
 use change::{ChangeFilter, ChangePolicy};
+
+/// What the cycle does once the whole pool has had no fresh data for `reset_after` (the pool's
+/// `on_stale`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStale {
+    /// Keep the load balancer's last ratios.
+    #[default]
+    Hold,
+    /// Push equal ratios: with no information, spread load evenly.
+    Equal,
+}
 
 /// A pool's health as the controller sees it (serialized as in `/v1/ratios`: `ok`, `source_down`,
 /// `stale`).

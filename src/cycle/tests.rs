@@ -6,8 +6,8 @@ use llm_lc_adapters::{MemberId, Ratios};
 
 use super::change::ChangePolicy;
 use super::*;
-use crate::config::{OnStale, RatioRange};
 use crate::policy::{PolicyConfig, PoolPolicy};
+use crate::ratio::RatioRange;
 use crate::source::{Sample, Snapshot};
 
 const INTERVAL: Duration = Duration::from_secs(5);

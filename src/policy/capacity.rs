@@ -509,9 +509,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::RatioRange;
     use crate::policy::testutil::snap;
     use crate::policy::{PolicyConfig, PoolPolicy};
+    use crate::ratio::RatioRange;
 
     fn policy(mode: Mode) -> PoolPolicy {
         PoolPolicy::new(

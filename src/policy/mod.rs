@@ -18,7 +18,7 @@ use std::time::Duration;
 use llm_lc_adapters::{MemberId, Ratios};
 use serde::Deserialize;
 
-use crate::config::RatioRange;
+use crate::ratio::RatioRange;
 use crate::source::{Sample, Snapshot};
 
 /// Which algorithm a pool uses, with its parameters.

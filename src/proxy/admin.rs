@@ -180,7 +180,7 @@ pub async fn poll_once(shared: &Shared, client: &reqwest::Client, cfg: &PollConf
         req = req.bearer_auth(t.resolve()?);
     }
     let resp =
-        req.send().await.map_err(|e| format!("GET {}: {}", cfg.url, super::upstream::error_chain(&e)))?;
+        req.send().await.map_err(|e| format!("GET {}: {}", cfg.url, super::errors::error_chain(&e)))?;
     let status = resp.status();
     let text = resp.text().await.map_err(|e| format!("GET {}: reading the body: {e}", cfg.url))?;
     if !status.is_success() {

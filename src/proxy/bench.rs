@@ -146,13 +146,13 @@ async fn batch(client: &reqwest::Client, url: &str, n: usize, concurrency: usize
             let resp = match r {
                 Ok(resp) if resp.status().is_success() => resp,
                 Ok(resp) => return Err(format!("status {}", resp.status())),
-                Err(e) => return Err(super::upstream::error_chain(&e)),
+                Err(e) => return Err(super::errors::error_chain(&e)),
             };
             let mut body = resp.bytes_stream();
             // The last bytes seen, across chunk boundaries.
             let mut tail: Vec<u8> = Vec::with_capacity(64);
             while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| super::upstream::error_chain(&e))?;
+                let chunk = chunk.map_err(|e| super::errors::error_chain(&e))?;
                 tail.extend_from_slice(&chunk);
                 if tail.len() > 32 {
                     tail.drain(..tail.len() - 32);

@@ -100,3 +100,18 @@ impl IntoResponse for ProxyApiError {
         r
     }
 }
+
+/// An error with its sources, one line ("connection refused" sits a few levels down in reqwest).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}

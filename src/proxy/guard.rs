@@ -296,7 +296,7 @@ impl Guard {
         match tokio::time::timeout(self.timeout, call).await {
             Err(_) => self.failed(step, format!("guard service did not answer within {:?}", self.timeout)),
             Ok(Err(e)) => {
-                self.failed(step, format!("guard service call failed: {}", super::upstream::error_chain(&e)))
+                self.failed(step, format!("guard service call failed: {}", super::errors::error_chain(&e)))
             }
             Ok(Ok((status, text))) => self.verdict(step, status, &text),
         }

@@ -31,6 +31,7 @@ use std::future::Future as _;
 use std::sync::Arc;
 
 use super::config::Timeouts;
+use super::errors::error_chain;
 use super::members::{Members, SendError};
 
 /// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1), plus `host` (the
@@ -317,19 +318,4 @@ where
         }
         Poll::Pending
     }
-}
-
-/// An error with its sources, one line ("connection refused" sits a few levels down in reqwest).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
 }

@@ -11,6 +11,61 @@ use serde::Deserialize;
 
 use super::validate as v;
 
+/// How a series is matched to a member: the value of `label`, optionally rewritten by `regex` ->
+/// `replacement` (regex syntax of the `regex` crate; `$1` refers to a group), must equal the member id.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinConfig {
+    #[serde(default = "default_join_label")]
+    pub label: String,
+    #[serde(default)]
+    pub regex: Option<String>,
+    #[serde(default)]
+    pub replacement: Option<String>,
+}
+
+impl Default for JoinConfig {
+    fn default() -> Self {
+        JoinConfig { label: default_join_label(), regex: None, replacement: None }
+    }
+}
+
+fn default_join_label() -> String {
+    "instance".into()
+}
+
+impl JoinConfig {
+    /// Problems as `(field, message)`, the field relative to `join`.
+    pub fn validate(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if self.label.is_empty() {
+            out.push(("label".into(), "must not be empty".into()));
+        }
+        match (&self.regex, &self.replacement) {
+            (Some(r), _) => {
+                if let Err(e) = regex::Regex::new(r) {
+                    out.push(("regex".into(), format!("invalid regex: {}", v::regex_error(&e))));
+                }
+            }
+            (None, Some(_)) => out.push(("replacement".into(), "needs join.regex".into())),
+            (None, None) => {}
+        }
+        out
+    }
+}
+
+/// `base` + `/api/v1/query`, keeping the base's path prefix and query parameters.
+pub fn query_url(base: &str) -> Result<url::Url, String> {
+    let mut u = url::Url::parse(base).map_err(|e| format!("not a URL: {e}"))?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(format!("scheme must be http or https, not {}", u.scheme()));
+    }
+    let path = format!("{}/api/v1/query", u.path().trim_end_matches('/'));
+    u.set_path(&path);
+    u.set_fragment(None);
+    Ok(u)
+}
+
 /// Where samples come from. Several pools may share one source; each cycle queries a source once per
 /// signal for all its pools.
 #[derive(Debug, Clone, Deserialize)]
@@ -125,7 +180,7 @@ impl SourceConfig {
         match self {
             SourceConfig::Prometheus(p) => {
                 // The same function the source builds its query URL with, so `check` and `run` agree.
-                if let Err(m) = crate::source::prometheus::query_url(&p.url) {
+                if let Err(m) = query_url(&p.url) {
                     err(at("url"), &m);
                 }
                 if let Err(m) = v::duration_within(p.timeout, MIN_TIMEOUT, MAX_TIMEOUT) {

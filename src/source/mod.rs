@@ -23,7 +23,7 @@ use llm_lc_adapters::{Aligned, MemberId, MemberMap};
 use regex::Regex;
 use thiserror::Error;
 
-use crate::config::{JoinConfig, SourceConfig};
+use self::config::{JoinConfig, SourceConfig};
 use profile::Signal;
 
 /// The load of one member at one moment.

@@ -17,11 +17,11 @@ use futures::future::join_all;
 use llm_lc_adapters::{MemberId, MemberMap, SecretRef};
 use serde::Deserialize;
 
+use super::config::{query_url, PrometheusConfig};
 use super::{
     assemble, describe, http_client, FailureReason, Join, MemberFailure, PoolQuery, Rejected, Signal,
     SignalValues, Snapshot, SourceError,
 };
-use crate::config::PrometheusConfig;
 
 /// Largest query answer read. One series per member per query: even 10,000 members stay far below.
 const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
@@ -99,18 +99,6 @@ pub fn age_of_timestamp(now: f64, ts: f64) -> Result<Duration, &'static str> {
         return Err("timestamp_in_future");
     }
     Ok(Duration::try_from_secs_f64((now - ts).max(0.0)).unwrap_or(MAX_AGE).min(MAX_AGE))
-}
-
-/// `base` + `/api/v1/query`, keeping the base's path prefix and query parameters.
-pub fn query_url(base: &str) -> Result<url::Url, String> {
-    let mut u = url::Url::parse(base).map_err(|e| format!("not a URL: {e}"))?;
-    if !matches!(u.scheme(), "http" | "https") {
-        return Err(format!("scheme must be http or https, not {}", u.scheme()));
-    }
-    let path = format!("{}/api/v1/query", u.path().trim_end_matches('/'));
-    u.set_path(&path);
-    u.set_fragment(None);
-    Ok(u)
 }
 
 impl PrometheusSource {
@@ -389,7 +377,7 @@ fn excerpt(body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::JoinConfig;
+    use crate::source::config::JoinConfig;
 
     #[test]
     fn a_querys_rows_are_indexed_once_per_join_and_a_repeated_member_keeps_its_last_row() {

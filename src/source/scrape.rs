@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use futures::stream::{self, StreamExt};
 use llm_lc_adapters::{MemberId, MemberMap, SecretRef};
 
+use super::config::ScrapeConfig;
 use super::exposition::{ReadError, Reader, Reading, Wanted};
 use super::profile::{CounterRatio, MetricNames};
 use super::props::{self, Due, SlotCache};
@@ -29,7 +30,6 @@ use super::{
     assemble, describe, http_client, FailureReason, MemberFailure, PoolQuery, Rejected, Signal, SignalValues,
     Snapshot, SourceError,
 };
-use crate::config::ScrapeConfig;
 
 pub struct ScrapeSource {
     name: String,

@@ -17,12 +17,13 @@ use llm_lc_bench::control::{
     Control, ControlFactory, ControlSpec, Controller as BenchController, Observation,
 };
 
-use crate::config::{OnStale, RatioRange};
 use crate::controller::{self, Controller, Output};
 use crate::cycle::change::ChangePolicy;
+use crate::cycle::OnStale;
 use crate::cycle::{Cycle, CycleSettings, Decision, PushResult, Sampled};
 use crate::policy::{PolicyConfig, PoolPolicy};
 use crate::priority::PriorityConfig;
+use crate::ratio::RatioRange;
 use crate::source::{Sample, Snapshot};
 use crate::telemetry::Telemetry;
 

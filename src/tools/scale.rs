@@ -22,9 +22,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::config::{OnStale, RatioRange};
+use crate::cycle::OnStale;
 use crate::cycle::{Cycle, CycleSettings, Decision, PushResult, Sampled};
 use crate::policy::{PolicyConfig, PoolPolicy};
+use crate::ratio::RatioRange;
 use crate::source::profile::Signal;
 use crate::source::{assemble, SignalValues};
 

@@ -39,6 +39,20 @@ use crate::{Applied, MemberId, RatioSink, Ratios, SinkError};
 use assignment::{build, served_from, standby_from, NothingToServe};
 use file::EdsFile;
 
+impl EdsRegistry {
+    /// Routes to merge into the controller's listener: `POST /v3/discovery:endpoints` (REST EDS) and,
+    /// with the `ads` feature, the gRPC ADS and EDS services. Here rather than in `registry`, which
+    /// `ads` builds on: the registry does not know its transports.
+    pub fn router(self: Arc<Self>) -> axum::Router {
+        let rest = self.clone().rest_router();
+        #[cfg(feature = "ads")]
+        let rest = rest.merge(ads::router(self));
+        #[cfg(not(feature = "ads"))]
+        drop(self);
+        rest
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvoyConfig {

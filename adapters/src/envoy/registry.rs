@@ -92,13 +92,10 @@ impl EdsRegistry {
         Self::default()
     }
 
-    /// Routes to merge into the controller's listener: `POST /v3/discovery:endpoints` (REST EDS) and,
-    /// with the `ads` feature, the gRPC ADS and EDS services.
-    pub fn router(self: Arc<Self>) -> axum::Router {
-        let rest = axum::Router::new().route(EDS_PATH, post(discovery_handler)).with_state(self.clone());
-        #[cfg(feature = "ads")]
-        let rest = rest.merge(super::ads::router(self));
-        rest
+    /// `POST /v3/discovery:endpoints`, the REST EDS route (the listener's whole Envoy face is
+    /// [`EdsRegistry::router`], in the module above, which adds the gRPC services).
+    pub fn rest_router(self: Arc<Self>) -> axum::Router {
+        axum::Router::new().route(EDS_PATH, post(discovery_handler)).with_state(self)
     }
 
     /// Answer one discovery request (a REST poll) and note who asked.
