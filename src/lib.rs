@@ -13,8 +13,8 @@
 //!
 //! [`controller`] is the thin async shell around [`cycle`]: it samples, asks the cycle, pushes (each
 //! push within its own time budget), and reports to [`telemetry`] (`/metrics`, `/readyz`,
-//! `/v1/ratios`). [`config`] aggregates each module's config; [`leader`] and [`reload`] are inputs
-//! to the loop (leadership, a new config).
+//! `/v1/ratios`). [`control_loop`] runs it on the interval; [`config`] assembles each module's
+//! config; [`leader`] and [`reload`] are inputs to the loop (leadership, a new config).
 //!
 //! Per-member data of a pool (samples, ratios, policy memory, what was last written) is held in
 //! member order as `adapters::MemberMap`, so the stages of a cycle line up by position and merge
@@ -27,6 +27,7 @@
 //! image builds with `--no-default-features` and carries none of them.
 
 pub mod config;
+pub mod control_loop;
 pub mod controller;
 pub mod cycle;
 pub mod leader;

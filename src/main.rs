@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use llm_load_controller::config::{self, LogFormat};
-use llm_load_controller::controller::{self, Controller, Output};
+use llm_load_controller::control_loop::{self, Output};
+use llm_load_controller::controller::Controller;
 use llm_load_controller::leader::{self, Leadership};
 use llm_load_controller::overrides::{Overrides, QuickStartFlags};
 use llm_load_controller::quickstart::QuickStart;
@@ -326,7 +327,7 @@ async fn run(args: RunArgs) -> ExitCode {
         }
         _ => None,
     };
-    let ok = controller::run(controller, output, args.once, signal::shutdown(), reloader).await;
+    let ok = control_loop::run(controller, output, args.once, signal::shutdown(), reloader).await;
     // Let open requests (a scrape, an EDS poll) finish, but do not wait on a client that hangs.
     stop_serving.cancel();
     if let Some(server) = server {

@@ -1,5 +1,5 @@
 //! Live config reload for `run --config FILE`: an input of the one control loop
-//! ([`crate::controller::run`]). [`watch_file`] notices changes and validates them off the control
+//! ([`crate::control_loop::run`]). [`watch_file`] notices changes and validates them off the control
 //! task; [`Reloader`] swaps the controller between two cycles.
 //!
 //! How a change is seen: the file's content is polled (twice per cycle interval, between 0.2 s and
@@ -276,7 +276,7 @@ fn forget_gone(telemetry: &Telemetry, before: &CycleReport, after: &CycleReport)
     }
 }
 
-/// Config reload as an input of the control loop ([`crate::controller::run`]): new configs arrive
+/// Config reload as an input of the control loop ([`crate::control_loop::run`]): new configs arrive
 /// from [`watch`], and [`Reloader::apply`] swaps the controller between two cycles.
 pub struct Reloader {
     pub configs: tokio::sync::mpsc::Receiver<Config>,

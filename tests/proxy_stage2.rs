@@ -15,7 +15,8 @@ use llm_lc_proxy::WeightSource;
 use llm_lc_sim::ModelProfile;
 use llm_lc_testkit::proxy::*;
 use llm_lc_testkit::wait;
-use llm_load_controller::controller::{self, Controller, Output};
+use llm_load_controller::control_loop::{self, Output};
+use llm_load_controller::controller::Controller;
 use llm_load_controller::telemetry::Telemetry;
 use serde_json::json;
 
@@ -198,7 +199,7 @@ async fn real_controller_feeds_ratios_by_webhook_and_by_poll() {
     let until_stopped = async move {
         let _ = stopped.await;
     };
-    let ctl_task = tokio::spawn(controller::run(ctl, Output::Quiet, false, until_stopped, None));
+    let ctl_task = tokio::spawn(control_loop::run(ctl, Output::Quiet, false, until_stopped, None));
 
     // Load on replica 0 only, so the controller's ratios differ between the members.
     let c = client();

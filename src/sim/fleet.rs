@@ -22,7 +22,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -31,9 +31,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rand_distr::{Distribution, LogNormal};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -44,32 +43,8 @@ use super::driver::{self, Cmd, Observed};
 use super::engine::{Engine, EngineStats};
 use super::metrics::MetricsStyle;
 use super::profile::{ModelProfile, ProfileError};
+pub use super::server::OutputLen;
 use super::server::{self, AppState, Replica};
-
-/// Output length when a request gives no `max_tokens`: log-normal around `median` tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct OutputLen {
-    pub median: f64,
-    /// Standard deviation of the log; 0 gives exactly `median`.
-    pub sigma: f64,
-}
-
-impl Default for OutputLen {
-    /// Median 200 tokens, sigma 0.8: chat answers of a few dozen to ~1000 tokens.
-    fn default() -> Self {
-        OutputLen { median: 200.0, sigma: 0.8 }
-    }
-}
-
-impl OutputLen {
-    pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> u32 {
-        let v = match LogNormal::new(self.median.max(1.0).ln(), self.sigma.max(0.0)) {
-            Ok(d) => d.sample(rng),
-            Err(_) => self.median,
-        };
-        v.round().clamp(1.0, 1e6) as u32
-    }
-}
 
 /// One replica's settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -323,8 +298,8 @@ impl FleetInner {
     }
 
     fn spawn_server(self: &Arc<Self>, i: usize, listener: TcpListener) -> Serving {
-        let state = AppState { replica: self.slots[i].replica.clone(), fleet: Arc::downgrade(self) };
-        let app = server::router(state);
+        let state = AppState { replica: self.slots[i].replica.clone() };
+        let app = server::router(state, admin_routes().with_state(Arc::downgrade(self)));
         let (stop, stop_rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let shutdown = async move {
@@ -495,7 +470,8 @@ impl Fleet {
 
 // ---- /admin routes ----
 
-pub(crate) fn admin_routes() -> Router<AppState> {
+/// The `/admin` routes; their state is the fleet (weak: the servers must not keep it alive).
+fn admin_routes() -> Router<Weak<FleetInner>> {
     Router::new()
         .route("/admin/replicas", get(admin_list))
         .route("/admin/replicas/{i}/speed", post(admin_speed))
@@ -505,8 +481,8 @@ pub(crate) fn admin_routes() -> Router<AppState> {
         .route("/admin/replicas/{i}/up", post(admin_up))
 }
 
-fn fleet_of(app: &AppState) -> Result<Arc<FleetInner>, SimError> {
-    app.fleet.upgrade().ok_or_else(|| SimError::Invalid("the fleet is shutting down".into()))
+fn fleet_of(fleet: &Weak<FleetInner>) -> Result<Arc<FleetInner>, SimError> {
+    fleet.upgrade().ok_or_else(|| SimError::Invalid("the fleet is shutting down".into()))
 }
 
 fn index(raw: &str) -> Result<usize, SimError> {
@@ -522,7 +498,7 @@ fn ok() -> Response {
     Json(json!({"ok": true})).into_response()
 }
 
-async fn admin_list(State(app): State<AppState>) -> Result<Response, SimError> {
+async fn admin_list(State(app): State<Weak<FleetInner>>) -> Result<Response, SimError> {
     Ok(Json(fleet_of(&app)?.status()).into_response())
 }
 
@@ -532,7 +508,7 @@ struct SpeedBody {
 }
 
 async fn admin_speed(
-    State(app): State<AppState>,
+    State(app): State<Weak<FleetInner>>,
     Path(i): Path<String>,
     b: Bytes,
 ) -> Result<Response, SimError> {
@@ -547,7 +523,7 @@ struct FailBody {
 }
 
 async fn admin_fail(
-    State(app): State<AppState>,
+    State(app): State<Weak<FleetInner>>,
     Path(i): Path<String>,
     b: Bytes,
 ) -> Result<Response, SimError> {
@@ -562,7 +538,7 @@ struct HangBody {
 }
 
 async fn admin_hang(
-    State(app): State<AppState>,
+    State(app): State<Weak<FleetInner>>,
     Path(i): Path<String>,
     b: Bytes,
 ) -> Result<Response, SimError> {
@@ -578,7 +554,7 @@ struct DownBody {
 }
 
 async fn admin_down(
-    State(app): State<AppState>,
+    State(app): State<Weak<FleetInner>>,
     Path(i): Path<String>,
     b: Bytes,
 ) -> Result<Response, SimError> {
@@ -617,7 +593,7 @@ async fn admin_down(
         .into_response())
 }
 
-async fn admin_up(State(app): State<AppState>, Path(i): Path<String>) -> Result<Response, SimError> {
+async fn admin_up(State(app): State<Weak<FleetInner>>, Path(i): Path<String>) -> Result<Response, SimError> {
     fleet_of(&app)?.up(index(&i)?).await?;
     Ok(ok())
 }

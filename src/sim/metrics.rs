@@ -600,11 +600,13 @@ mod tests {
     fn llamacpp_style_has_its_unlabelled_gauges_and_counters() {
         let stats =
             EngineStats { running: 4, waiting: 2, steps: 10, busy_seq_steps: 25, ..Default::default() };
-        let mut req = RequestMetrics::default();
-        req.llama = LlamaCounters {
-            prompt_tokens: 56,
-            prompt_s: 0.051844,
-            predicted_tokens: 128,
+        let req = RequestMetrics {
+            llama: LlamaCounters {
+                prompt_tokens: 56,
+                prompt_s: 0.051844,
+                predicted_tokens: 128,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let text = render(MetricsStyle::Llamacpp, &view(&stats, &req, None));

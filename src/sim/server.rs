@@ -1,5 +1,5 @@
 //! One replica's HTTP server: the OpenAI-compatible API, `/health`, `/metrics`, and the `/admin`
-//! routes (handled in [`super::fleet`]).
+//! routes the fleet hands it (handled in [`super::fleet`], which builds the servers).
 //!
 //! Routes (as vLLM serves them):
 //! - `POST /v1/completions`, `POST /v1/chat/completions`: streaming (SSE) and not.
@@ -20,7 +20,7 @@
 //! as with a crashed server. A client that disconnects has its request aborted in the engine.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
@@ -32,12 +32,13 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, LogNormal};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 
 use super::driver::{unix_now, Cmd, Observed, Out, Submission};
 use super::engine::{Engine, EngineRequest, FinishReason};
-use super::fleet::{self, FleetInner, OutputLen};
 use super::metrics::{self, MetricsStyle, MetricsView};
 use super::openai::{self, ApiError, Endpoint, GenRequest, ResponseMeta};
 use super::profile::{ModelProfile, BLOCK_SIZE};
@@ -98,14 +99,41 @@ impl Replica {
     }
 }
 
-/// Router state: this replica, and the fleet for `/admin`.
+/// Router state: this replica.
 #[derive(Clone)]
 pub(crate) struct AppState {
     pub replica: Arc<Replica>,
-    pub fleet: Weak<FleetInner>,
 }
 
-pub(crate) fn router(state: AppState) -> Router {
+/// Output length when a request gives no `max_tokens`: log-normal around `median` tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OutputLen {
+    pub median: f64,
+    /// Standard deviation of the log; 0 gives exactly `median`.
+    pub sigma: f64,
+}
+
+impl Default for OutputLen {
+    /// Median 200 tokens, sigma 0.8: chat answers of a few dozen to ~1000 tokens.
+    fn default() -> Self {
+        OutputLen { median: 200.0, sigma: 0.8 }
+    }
+}
+
+impl OutputLen {
+    pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> u32 {
+        let v = match LogNormal::new(self.median.max(1.0).ln(), self.sigma.max(0.0)) {
+            Ok(d) => d.sample(rng),
+            Err(_) => self.median,
+        };
+        v.round().clamp(1.0, 1e6) as u32
+    }
+}
+
+/// The replica's routes, with `admin` (the fleet's `/admin` routes, served on every replica's
+/// port) merged in: the fleet builds servers, so the server takes its routes rather than knowing
+/// the fleet.
+pub(crate) fn router(state: AppState, admin: Router) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -113,10 +141,10 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .route("/props", get(props))
-        .merge(fleet::admin_routes())
+        .with_state(state)
+        .merge(admin)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state)
 }
 
 async fn not_found() -> Response {

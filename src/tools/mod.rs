@@ -17,7 +17,8 @@ use llm_lc_bench::control::{
     Control, ControlFactory, ControlSpec, Controller as BenchController, Observation,
 };
 
-use crate::controller::{self, Controller, Output};
+use crate::control_loop::{self, Output};
+use crate::controller::Controller;
 use crate::cycle::change::ChangePolicy;
 use crate::cycle::OnStale;
 use crate::cycle::{Cycle, CycleSettings, Decision, PushResult, Sampled};
@@ -233,7 +234,7 @@ impl llm_lc_demo::ControllerLauncher for InProcess {
         let stop = async move {
             let _ = rx.await;
         };
-        let task = tokio::spawn(controller::run(ctl, Output::Quiet, false, stop, None));
+        let task = tokio::spawn(control_loop::run(ctl, Output::Quiet, false, stop, None));
         Ok((task, tx))
     }
 }

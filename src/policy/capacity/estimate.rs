@@ -1,0 +1,163 @@
+//! The estimate: what one member's readings say about it, remembered across cycles. Capacity `K`
+//! in concurrent requests, service time `s`, and the bookkeeping the corrections need (is this a
+//! new reading, how much time it covers, was the server memory-bound lately).
+//!
+//! Capacity is taken from what binds: memory (`running / KV usage`, capped by the batch limit),
+//! else the slot count, else what a queueing server runs (a full server shows its own limit).
+//! Service time is a time that carries no queueing: the time running, else llama.cpp's time per
+//! generated token, else latency less queue time; only without any of those the end-to-end
+//! latency, learnt while the server does not queue (a queued server's latency carries the waits
+//! of a backlog that may be gone). A much longer time on a queued server is a slowdown and is
+//! believed at once (feed-forward), except on a server that is or just was memory-bound: it
+//! preempts and recomputes, so its times grow with the load, not with lost speed.
+
+use std::time::Duration;
+
+use super::params::CapacityParams;
+use crate::source::Sample;
+
+/// Fewer running requests than this say too little about a server's capacity.
+pub(super) const MIN_RUNNING: f64 = 4.0;
+/// Below this memory use `running / usage` is mostly rounding.
+pub(super) const MIN_USAGE: f64 = 0.02;
+/// A service time this much longer than the estimate, on a queued server, is a slowdown, not noise.
+const SLOWDOWN: f64 = 1.5;
+/// The trim's `gain` is per this much time of readings (a Prometheus scrape interval).
+const TRIM_PERIOD: Duration = Duration::from_secs(15);
+/// KV usage from which a server is memory-bound: it preempts requests and recomputes them.
+pub(super) const MEMORY_BOUND: f64 = 0.9;
+/// How long after a server was memory-bound its times may still carry preemptions: the times are
+/// means over a window (Prometheus `rate(...[1m])`), the KV usage is of this instant.
+const MEMORY_BOUND_ECHO: Duration = Duration::from_secs(60);
+
+/// What the policy remembers of one member.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Member {
+    /// Capacity in concurrent requests.
+    pub k: Option<f64>,
+    /// Service time, seconds.
+    pub s: Option<f64>,
+    /// `s` has been learnt from a time without queueing: end-to-end latency (which carries the
+    /// queue's waits) no longer moves it, even in a cycle where that time is missing.
+    s_running: bool,
+    /// The utilization correction (see [`super::corrections`]).
+    pub trim: f64,
+    /// The ratio given last cycle; `None` before the member's first reading.
+    pub last: Option<u32>,
+    /// Age of the sample seen last cycle (see [`Estimator::is_new`]).
+    age: Option<Duration>,
+    /// Time since the last new reading (see [`Estimator::trim_weight`]).
+    unread: Duration,
+    /// How much this cycle's reading moves the trim: 0 for one seen before.
+    pub trim_weight: f64,
+    /// Time since the member was last seen memory-bound; `None`: not seen so.
+    since_full: Option<Duration>,
+    /// The queue rule's cut (see [`super::queue_rule`]).
+    pub queue_cut: Option<f64>,
+}
+
+impl Member {
+    /// Nothing known yet; no trim.
+    pub fn new() -> Self {
+        Member { trim: 1.0, ..Member::default() }
+    }
+}
+
+/// Reads samples into [`Member`]s: the settings and the cycle interval they are read at.
+pub(super) struct Estimator<'a> {
+    pub params: &'a CapacityParams,
+    /// The controller's cycle interval (at least 100 ms, `config`): how much older a reading seen
+    /// again has become.
+    pub interval: Duration,
+}
+
+impl Estimator<'_> {
+    /// Whether a sample of age `age` is a new reading, after one of age `prev` a cycle ago. The same
+    /// reading seen again is a whole interval older; a new one is younger than that. (Comparing
+    /// the ages alone calls a direct scrape whose age jittered up by a millisecond a repeat.)
+    pub fn is_new(&self, prev: Option<Duration>, age: Duration) -> bool {
+        prev.is_none_or(|prev| age < prev + self.interval / 2)
+    }
+
+    /// How much a new reading moves the trim: the time since the previous one, per
+    /// [`TRIM_PERIOD`], at most 1. So the trim's speed is set in seconds, whatever the source:
+    /// Prometheus readings every 15 s count fully, direct scrapes every second a fifteenth each.
+    fn trim_weight(&self, unread: Duration) -> f64 {
+        (unread.as_secs_f64() / TRIM_PERIOD.as_secs_f64()).min(1.0)
+    }
+
+    /// The capacity one sample shows, in concurrent requests, and whether it is exact (taken at
+    /// once rather than smoothed). From memory where the server publishes KV usage (capped by its
+    /// slots or `max_num_seqs`); from its slot count where it publishes none; and, without either,
+    /// from what it runs while it queues.
+    fn capacity_shown(&self, s: &Sample) -> Option<(f64, bool)> {
+        let limit = s.slots.unwrap_or(self.params.max_num_seqs);
+        match (s.kv_usage, s.slots) {
+            (Some(kv), _) => {
+                (s.running >= MIN_RUNNING && kv >= MIN_USAGE).then(|| ((s.running / kv).min(limit), false))
+            }
+            (None, Some(slots)) => Some((slots, true)),
+            (None, None) => (s.waiting >= 1.0 && s.running >= 1.0).then(|| (s.running.min(limit), false)),
+        }
+    }
+
+    /// `new` folded into the estimate `old`: smoothed, or taken as it is when `at_once`.
+    fn blend(&self, old: Option<f64>, new: f64, at_once: bool) -> f64 {
+        match old {
+            Some(_) if at_once => new,
+            Some(o) => o + self.params.smoothing * (new - o),
+            None => new,
+        }
+    }
+
+    /// Update a member's estimates from one fresh sample.
+    pub fn observe(&self, mut m: Member, s: &Sample) -> Member {
+        m.unread += self.interval;
+        m.trim_weight = 0.0;
+        if self.is_new(m.age, s.age) {
+            m.trim_weight = self.trim_weight(m.unread);
+            m.unread = Duration::ZERO;
+        }
+        m.age = Some(s.age);
+        // Memory-bound needs a memory reading: a llama.cpp server with every slot busy does not
+        // preempt, it queues (like a vLLM server at its batch limit).
+        let memory_bound = s.kv_usage.is_some_and(|kv| kv >= MEMORY_BOUND);
+        m.since_full =
+            if memory_bound { Some(Duration::ZERO) } else { m.since_full.map(|d| d + self.interval) };
+        // Memory per request is a hardware constant times the workload's mix: smoothed only (the
+        // mix on one server at one instant is noisy, and memory does not change suddenly).
+        if let Some((k, exact)) = self.capacity_shown(s) {
+            m.k = Some(self.blend(m.k, k, exact));
+        }
+        self.observe_service(&mut m, s, memory_bound);
+        m
+    }
+
+    /// The service-time half of [`Estimator::observe`].
+    fn observe_service(&self, m: &mut Member, s: &Sample, memory_bound: bool) {
+        let queued = s.waiting >= 1.0;
+        let valid = |t: &f64| *t > 0.0 && t.is_finite();
+        let latency_less_queue = s.latency.zip(s.queue_time).map(|(l, q)| l - q);
+        if let Some(t) =
+            s.service.filter(valid).or(s.token_time.filter(valid)).or(latency_less_queue.filter(valid))
+        {
+            // Not a slowdown on a server whose memory is full, or was within the times' window
+            // (and it queues, so the delay factor already keeps new requests off it).
+            let full = memory_bound || m.since_full.is_some_and(|d| d < MEMORY_BOUND_ECHO);
+            let slowdown = queued && !full && m.s.is_some_and(|o| t > SLOWDOWN * o);
+            m.s = Some(self.blend(m.s, t, slowdown));
+            m.s_running = true;
+        } else if let Some(l) = s.latency.filter(valid).filter(|_| !m.s_running) {
+            if !queued {
+                m.s = Some(self.blend(m.s, l, false));
+            } else if m.s.is_none_or(|o| l > SLOWDOWN * o) {
+                // A queued server whose requests take much longer than its estimate has lost
+                // capacity: believed at once, with the queue's part taken out (Little's law: the
+                // share of the time in the system spent running). Smaller readings from a queued
+                // server are not used: the latency window may still hold an old backlog's waits.
+                let in_system = s.running + s.waiting;
+                m.s = Some(l * s.running.max(1.0).min(in_system) / in_system.max(1.0));
+            }
+        }
+    }
+}
