@@ -407,30 +407,9 @@ impl PoolRuntime {
         }
     }
 
-    /// Discovered names are from outside (labels, the LB's pool, EndpointSlices): those that are not
-    /// member names are left out of this refresh, counted and logged once, escaped; the others go on.
+    /// Discovered names are from outside (labels, the LB's pool, EndpointSlices): see [`admit`].
     fn admit(&mut self, found: Vec<MemberId>, telemetry: &Telemetry) -> Vec<MemberId> {
-        let pool = self.cfg.name.as_str();
-        let mut refused = std::collections::BTreeSet::new();
-        let admitted = found
-            .into_iter()
-            .filter(|m| match llm_lc_adapters::name::check(m.as_str()) {
-                Ok(()) => true,
-                Err(why) => {
-                    let shown = m.to_string();
-                    if !self.refused_names.contains(&shown) {
-                        tracing::warn!(pool, name = %shown, error = %why, "discovery offered a name that is not a member name; left out");
-                    }
-                    telemetry
-                        .metrics
-                        .member_errors
-                        .get_or_create(&labels(&[("pool", pool), ("reason", FailureReason::InvalidName.as_str())]))
-                        .inc();
-                    refused.insert(shown);
-                    false
-                }
-            })
-            .collect();
+        let (admitted, refused) = admit(&self.cfg.name, found, telemetry, &self.refused_names);
         self.refused_names = refused;
         admitted
     }
@@ -741,6 +720,40 @@ async fn sample_within(
             })
             .collect(),
     }
+}
+
+/// The one door for discovered names (Prometheus labels, EndpointSlices, the LB's own pool): those
+/// that are not member names ([`llm_lc_adapters::name::check`]) are left out of this refresh,
+/// counted (`member_errors_total{reason="invalid_name"}`, without the name) and logged, escaped,
+/// once while they keep coming (`warned`: the names refused last refresh). Returns the admitted
+/// members and the names refused now.
+pub fn admit(
+    pool: &str,
+    found: Vec<MemberId>,
+    telemetry: &Telemetry,
+    warned: &std::collections::BTreeSet<String>,
+) -> (Vec<MemberId>, std::collections::BTreeSet<String>) {
+    let mut refused = std::collections::BTreeSet::new();
+    let admitted = found
+        .into_iter()
+        .filter(|m| match llm_lc_adapters::name::check(m.as_str()) {
+            Ok(()) => true,
+            Err(why) => {
+                let shown = m.to_string();
+                if !warned.contains(&shown) {
+                    tracing::warn!(pool, name = %shown, error = %why, "discovery offered a name that is not a member name; left out");
+                }
+                telemetry
+                    .metrics
+                    .member_errors
+                    .get_or_create(&labels(&[("pool", pool), ("reason", FailureReason::InvalidName.as_str())]))
+                    .inc();
+                refused.insert(shown);
+                false
+            }
+        })
+        .collect();
+    (admitted, refused)
 }
 
 /// Whether a sink changes state outside this process (and so must be left to the leader).

@@ -341,3 +341,142 @@ fn promtool_parses_a_page_of_hostile_names() {
     let weights = page.lines().filter(|l| l.starts_with("llmlc_member_weight{")).count();
     assert_eq!(weights, names.len());
 }
+
+/// What each entry of outside names makes of `names`: the members it hands to the controller, before
+/// the door (`controller::admit`). Each builds the wire text the entry reads, with the name where
+/// the outside puts it, and parses it with the entry's own code.
+fn through_entries(names: &[String]) -> Vec<(&'static str, Vec<llm_lc_adapters::MemberId>)> {
+    use serde_json::json;
+    let mut out = Vec::new();
+
+    // Prometheus `up{selector}`: the `instance` label of each target, through the HTTP client and
+    // the join, from a Prometheus stand-in that answers what a real one would for such labels.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let discovered = rt.block_on(async {
+        let server = wiremock::MockServer::start().await;
+        let result: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"metric": {"__name__": "up", "job": "vllm", "instance": n}, "value": [1.7e9, "1"]}))
+            .collect();
+        wiremock::Mock::given(wiremock::matchers::path("/api/v1/query"))
+            .respond_with(wiremock::ResponseTemplate::new(200).set_body_json(
+                json!({"status": "success", "data": {"resultType": "vector", "result": result}}),
+            ))
+            .mount(&server)
+            .await;
+        let cfg: llm_load_controller::source::config::PrometheusConfig =
+            serde_json::from_value(json!({"url": server.uri()})).expect("prometheus config");
+        let source = llm_load_controller::source::prometheus::PrometheusSource::new("prom", &cfg).expect("source");
+        let join_cfg: llm_load_controller::source::config::JoinConfig =
+            serde_json::from_value(json!({})).expect("join");
+        let join = llm_load_controller::source::Join::new(&join_cfg).expect("join");
+        source.discover("{job=\"vllm\"}", &join).await.expect("discover")
+    });
+    out.push(("prometheus", discovered));
+
+    // EndpointSlices: each name as an endpoint address of an IPv4 slice, port 8000.
+    let slice = json!({
+        "addressType": "IPv4",
+        "endpoints": names.iter().map(|n| json!({"addresses": [n], "conditions": {"ready": true}})).collect::<Vec<_>>(),
+        "ports": [{"name": "http", "port": 8000}],
+    });
+    let slices: Vec<llm_load_controller::source::kubernetes::Slice> =
+        vec![serde_json::from_value(slice).expect("slice")];
+    out.push((
+        "endpointslices",
+        llm_load_controller::source::kubernetes::ready_members(&slices, None, "vllm").expect("members"),
+    ));
+
+    // HAProxy `show servers state`: each name as a server's address and FQDN (the reply of a
+    // `server-template` whose resolver answered it).
+    let mut reply = String::from(
+        "1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight \
+         srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state \
+         srv_agent_state bk_f_forced_id srv_f_forced_id srv_fqdn srv_port srvrecord\n",
+    );
+    for (i, n) in names.iter().enumerate() {
+        reply.push_str(&format!("3 llm {i} s{i} {n} 2 0 1 1 4 1 0 2 0 0 0 0 {n} 8000 -\n"));
+    }
+    let haproxy = llm_lc_adapters::haproxy::state::parse_servers_state(&reply)
+        .map(|servers| servers.iter().filter_map(|s| s.member_id()).collect())
+        .unwrap_or_default();
+    out.push(("haproxy", haproxy));
+
+    // BIG-IP pool members: each name as the member's name and address.
+    out.push((
+        "bigip",
+        names.iter().map(|n| llm_lc_adapters::f5::member_id_of(&format!("{n}:8000"), n)).collect(),
+    ));
+
+    // Envoy admin `/clusters?format=json`: each name as a host's socket address.
+    let clusters = json!({"cluster_statuses": [{"name": "vllm", "host_statuses": names.iter().map(|n| json!({
+        "address": {"socket_address": {"address": n, "port_value": 8000}}
+    })).collect::<Vec<_>>()}]});
+    let envoy = llm_lc_adapters::envoy::admin::members_of(clusters.to_string().as_bytes(), "vllm")
+        .expect("parses")
+        .unwrap_or_default();
+    out.push(("envoy", envoy));
+    out
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 100,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(28),
+        failure_persistence: None,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Arbitrary names through every entry (Prometheus labels, EndpointSlices, HAProxy's and
+    /// BIG-IP's pools, Envoy's clusters; static config and `--scrape` lists are the test above),
+    /// then the door, then the outputs: a member is admitted only as what the outside carried (no
+    /// fragment of a name becomes a member of its own), every refused one is counted without its
+    /// name, and the exposition, sideband feed, table and JSON keep one record per member.
+    #[test]
+    fn every_entry_admits_only_checked_names_and_the_outputs_keep_their_shape(
+        names in proptest::collection::btree_set(hostile_name(), 0..6)
+    ) {
+        use llm_load_controller::telemetry::{labels, Telemetry};
+        let names: Vec<String> = names.into_iter().collect();
+        for (entry, found) in through_entries(&names) {
+            let t = Telemetry::new(Duration::from_secs(1), 3);
+            let offered = found.len();
+            let (admitted, refused) = llm_load_controller::controller::admit("p", found, &t, &Default::default());
+            // Refused names are a set (a name offered twice is one refusal), counted per offer.
+            proptest::prop_assert!(admitted.len() + refused.len() <= offered, "{}", entry);
+            for m in &admitted {
+                proptest::prop_assert!(llm_lc_adapters::name::check(m.as_str()).is_ok(), "{entry}: {m:?}");
+                // What the outside carried, as the entry spells it (`[v6]:port`, `ip:port`, a name).
+                let carried = names.iter().any(|n| {
+                    let s = m.as_str();
+                    s == n || s == format!("{n}:8000") || s.strip_suffix(":8000").is_some_and(|h| {
+                        h.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().ok()
+                            == n.parse::<std::net::IpAddr>().ok() && n.parse::<std::net::IpAddr>().is_ok()
+                    })
+                });
+                proptest::prop_assert!(carried, "{}: {:?} was not offered as such ({:?})", entry, m, names);
+            }
+            let invalid: f64 = t.metrics.encode().lines()
+                .filter(|l| l.starts_with("llmlc_member_errors_total{") && l.contains("reason=\"invalid_name\""))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum();
+            proptest::prop_assert_eq!(invalid as usize, offered - admitted.len(), "{}", entry);
+
+            let shown: Vec<String> = admitted.iter().map(|m| m.as_str().to_string()).collect();
+            for (i, m) in shown.iter().enumerate() {
+                t.metrics.member_ratio.get_or_create(&labels(&[("pool", "p"), ("member", m)])).set(i as f64);
+            }
+            let page = t.metrics.encode();
+            proptest::prop_assert_eq!(label_values(&page, "member"), shown.iter().cloned().collect::<BTreeSet<_>>(), "{}", entry);
+            let weights = page.lines().filter(|l| l.starts_with("llmlc_member_weight{")).count();
+            proptest::prop_assert_eq!(weights, shown.len(), "{}", entry);
+            let report = report_of(&shown);
+            let feed = llm_load_controller::telemetry::sideband::pool_text(&report, "p").expect("pool");
+            let valid = shown.iter().filter(|n| llm_lc_adapters::name::is_host_port(n)).count();
+            proptest::prop_assert_eq!(feed.lines().count(), 1 + valid, "{}: {}", entry, feed);
+            proptest::prop_assert_eq!(report.to_table().lines().count(), 2 + shown.len(), "{}", entry);
+            let json: Value = serde_json::from_str(&serde_json::to_string(&report).expect("serializes")).expect("parses");
+            proptest::prop_assert_eq!(json["pools"][0]["members"].as_array().map(Vec::len), Some(shown.len()));
+        }
+    }
+}

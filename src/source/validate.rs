@@ -208,7 +208,7 @@ pub fn member(m: &MemberId) -> Result<(), String> {
     if s.contains("://") {
         return Err(format!(
             "\"{}\" is a URL; write host:port (the scheme is the source's `scheme`)",
-            redact_url(s)
+            llm_lc_adapters::name::escape_name(&redact_url(s))
         ));
     }
     if s.contains('@') {
@@ -217,7 +217,10 @@ pub fn member(m: &MemberId) -> Result<(), String> {
         );
     }
     if s.contains('/') || s.contains('?') || s.contains('#') {
-        return Err(format!("\"{s}\" has a path; write host:port (the path is the source's `path`)"));
+        return Err(format!(
+            "\"{}\" has a path; write host:port (the path is the source's `path`)",
+            llm_lc_adapters::name::escape_name(s)
+        ));
     }
     if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(format!("{s:?} contains whitespace"));
@@ -246,6 +249,14 @@ pub fn member(m: &MemberId) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_member_is_named_escaped_whatever_it_is_refused_for() {
+        for raw in ["a/\u{1b}[2J\nforged:1", "http://h\r\nforged:1/x", "h\u{7}:1", "\"h\":1"] {
+            let err = member(&MemberId::from(raw)).expect_err(raw);
+            assert!(!err.chars().any(char::is_control), "{raw:?} -> {err:?}");
+        }
+    }
 
     #[test]
     fn credentials_and_secret_parameters_are_redacted() {

@@ -48,6 +48,19 @@ use names::{member_segment, PoolPath};
 use plan::Change;
 use session::{CallError, Request, RetryPolicy, Session};
 
+/// The id the sink gives a member BIG-IP lists as `name` at `address` (what `members: { from_lb }`
+/// reads back): `address:port` when the address is an IP, else the name as listed. Public for
+/// the tests that feed it hostile names; the controller admits it through `name::check`.
+pub fn member_id_of(name: &str, address: &str) -> MemberId {
+    plan::member_id(&wire::Member {
+        name: name.to_string(),
+        partition: "Common".to_string(),
+        address: address.to_string(),
+        ratio: 1,
+        priority_group: 0,
+    })
+}
+
 /// Load-balancing modes in which pool member ratios take effect.
 pub const RATIO_MODES: [&str; 2] = ["ratio-member", "ratio-least-connections-member"];
 

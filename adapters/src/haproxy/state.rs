@@ -58,7 +58,7 @@ impl ServerState {
 pub fn parse_servers_state(reply: &str) -> Result<Vec<ServerState>, String> {
     let mut lines = reply.lines();
     let header = lines.by_ref().find_map(|l| l.strip_prefix("# ")).ok_or_else(|| reply.trim().to_string())?;
-    let cols: Vec<&str> = header.split_whitespace().collect();
+    let cols: Vec<&str> = fields(header);
     let col = |name: &str| cols.iter().position(|c| *c == name);
     let need = |name: &str| col(name).ok_or_else(|| format!("`show servers state` has no column {name}"));
     let (name_i, addr_i, port_i, uw_i, iw_i) =
@@ -67,7 +67,16 @@ pub fn parse_servers_state(reply: &str) -> Result<Vec<ServerState>, String> {
 
     let mut servers = Vec::new();
     for line in lines.filter(|l| !l.trim().is_empty()) {
-        let f: Vec<&str> = line.split_whitespace().collect();
+        let f = fields(line);
+        // A field holding a separator would shift every column after it and make a member of a
+        // fragment; HAProxy writes as many fields as its header names, so anything else is refused.
+        if f.len() != cols.len() {
+            return Err(format!(
+                "a line of `show servers state` has {} fields where the header names {}: {line}",
+                f.len(),
+                cols.len()
+            ));
+        }
         let field =
             |i: usize| f.get(i).copied().ok_or_else(|| format!("short line in `show servers state`: {line}"));
         let num = |i: usize| -> Result<u32, String> {
@@ -86,6 +95,12 @@ pub fn parse_servers_state(reply: &str) -> Result<Vec<ServerState>, String> {
     Ok(servers)
 }
 
+/// The fields of a line: HAProxy separates them with one ASCII space. (Unicode whitespace, which
+/// `split_whitespace` also splits on, is part of a field.)
+fn fields(line: &str) -> Vec<&str> {
+    line.split(' ').filter(|f| !f.is_empty()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,6 +113,20 @@ mod tests {
         3 be 1 s1 127.0.0.1 2 0 50 10 4 1 0 2 0 0 0 0 - 18081 - 0 0 - - 0\n\
         3 be 2 s2 127.0.0.1 2 0 1 1 4 1 0 2 0 0 0 0 localhost 18082 - 0 0 - - 0\n\
         3 be 3 s3 ::1 2 0 1 1 4 1 0 2 0 0 0 0 - 18083 - 0 0 - - 0\n\n";
+
+    #[test]
+    fn a_field_holding_a_separator_is_refused_not_split() {
+        let header_only = REPLY.split_inclusive('\n').take(2).collect::<String>();
+        let with = |addr: &str| {
+            format!("{header_only}3 be 1 s1 {addr} 2 0 50 10 4 1 0 2 0 0 0 0 - 18081 - 0 0 - - 0\n")
+        };
+        // U+0085 is whitespace to Rust, not to HAProxy: one field, a name the door refuses.
+        let s = parse_servers_state(&with("10.0.0.1\u{85}")).expect("one field");
+        assert_eq!(s[0].member_id(), Some(MemberId::from("10.0.0.1\u{85}:18081")));
+        // A space would shift the columns: the reply is refused.
+        let err = parse_servers_state(&with("10.0.0.9 18082")).expect_err("shifted");
+        assert!(err.contains("26 fields where the header names 25"), "{err}");
+    }
 
     #[test]
     fn parses_the_real_reply() {
