@@ -239,6 +239,32 @@ async fn a_queue_from_load_the_lb_does_not_see_ranks_the_member_below_free_room_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quick_start_flags_read_real_servers_with_the_llamacpp_profile() {
+    // What a newcomer types first: no config file, `--scrape` and `--profile llamacpp`. The slot
+    // counts come from `GET /props`, and the 4-slot server gets four times the 1-slot one's ratio.
+    let (big, small) = tokio::join!(LlamaServer::start(4), LlamaServer::start(1));
+    let out = Command::new(BIN)
+        .args(["run", "--dry-run", "--once", "--output", "json", "--profile", "llamacpp", "--scrape"])
+        .arg(format!("{},{}", big.addr(), small.addr()))
+        .env_remove("LLMLC_CONFIG")
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    let member = |s: &LlamaServer| {
+        v["pools"][0]["members"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["member"] == s.addr().as_str()))
+            .cloned()
+    };
+    let (b, sm) = (member(&big).expect("big"), member(&small).expect("small"));
+    assert_eq!((b["slots"].as_f64(), sm["slots"].as_f64()), (Some(4.0), Some(1.0)), "{v}");
+    let (rb, rs) = (b["ratio"].as_u64().expect("ratio"), sm["ratio"].as_u64().expect("ratio"));
+    assert!(rb >= 3 * rs, "4 slots against 1: {rb} vs {rs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_envoy_least_request_gets_the_slot_weights() {
     use llm_lc_testkit::envoy::Envoy;
     let (big, small) = tokio::join!(LlamaServer::start(4), LlamaServer::start(1));
