@@ -314,10 +314,12 @@ impl Telemetry {
     }
 
     /// Set or clear a note shown by `/readyz` after the readiness reason. Notes never change readiness.
+    /// A note may carry text from outside (a Lease holder's identity, a config error quoting the
+    /// file): it is kept on one line, control characters escaped.
     pub fn set_note(&self, key: &'static str, note: Option<String>) {
         let mut st = self.status();
         match note {
-            Some(n) => st.notes.insert(key, n),
+            Some(n) => st.notes.insert(key, llm_lc_adapters::name::escape_controls(&n).into_owned()),
             None => st.notes.remove(key),
         };
     }
@@ -465,4 +467,18 @@ async fn status_page() -> Response {
         include_str!("telemetry/status.html"),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod note_tests {
+    use super::*;
+
+    #[test]
+    fn a_note_from_outside_stays_on_one_line_without_terminal_control() {
+        let t = Telemetry::new(Duration::from_secs(1), 3);
+        t.set_note("leader", Some("follower (leader: pod-a\r\u{1b}[2Jforged\nready)".into()));
+        let (_, why) = t.readiness();
+        assert!(!why.chars().any(char::is_control), "{why:?}");
+        assert!(why.contains("pod-a\\r\\u{1b}[2Jforged\\nready"), "{why}");
+    }
 }

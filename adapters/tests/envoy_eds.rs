@@ -297,3 +297,22 @@ async fn file_mode_envoy_picks_up_each_new_file() {
     envoy.wait_weights("vllm", &hosts(&[(&b.addr(), 5)]), Duration::from_secs(3)).await;
     assert_eq!(stat(&envoy, "cluster.vllm.update_rejected").await, 0, "{}", envoy.log());
 }
+
+/// A discovery request naming another resource type is refused; the type it named is quoted on
+/// one line, control characters escaped (the body is text a caller's terminal or log may show).
+#[tokio::test]
+async fn a_wrong_type_url_is_refused_and_quoted_on_one_line() {
+    let ctl = Controller::start().await;
+    let forged = "type.googleapis.com/x\r\n\u{1b}[2Jforged: yes";
+    let resp = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/v3/discovery:endpoints", ctl.served.port))
+        .json(&serde_json::json!({"type_url": forged, "resource_names": ["vllm"]}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), 400);
+    let text = resp.text().await.expect("body");
+    assert_eq!(text.matches('\n').count(), 1, "{text:?}");
+    assert!(!text.trim_end().chars().any(char::is_control), "{text:?}");
+    assert!(text.contains("x\\r\\n\\u{1b}[2Jforged: yes"), "{text:?}");
+}

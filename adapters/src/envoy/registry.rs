@@ -257,7 +257,10 @@ async fn discovery_handler(State(reg): State<Arc<EdsRegistry>>, body: Bytes) -> 
     if !req.type_url.is_empty() && req.type_url != CLA_TYPE_URL {
         return (
             StatusCode::BAD_REQUEST,
-            format!("this endpoint serves {CLA_TYPE_URL} only, not {}\n", req.type_url),
+            format!(
+                "this endpoint serves {CLA_TYPE_URL} only, not {}\n",
+                crate::name::escape_controls(&req.type_url)
+            ),
         )
             .into_response();
     }
