@@ -367,9 +367,7 @@ fn through_entries(names: &[String]) -> Vec<(&'static str, Vec<llm_lc_adapters::
         let cfg: llm_load_controller::source::config::PrometheusConfig =
             serde_json::from_value(json!({"url": server.uri()})).expect("prometheus config");
         let source = llm_load_controller::source::prometheus::PrometheusSource::new("prom", &cfg).expect("source");
-        let join_cfg: llm_load_controller::source::config::JoinConfig =
-            serde_json::from_value(json!({})).expect("join");
-        let join = llm_load_controller::source::Join::new(&join_cfg).expect("join");
+        let join = llm_load_controller::source::Join::new(&Default::default()).expect("join");
         source.discover("{job=\"vllm\"}", &join).await.expect("discover")
     });
     out.push(("prometheus", discovered));

@@ -433,10 +433,10 @@ async fn the_simulator_against_a_real_llama_server() {
     let probe = LlamaServer::start(4).await;
     let mut table = Vec::new();
     let (mut secs_before, mut tokens_before) = (0.0, 0.0);
+    use llm_lc_testkit::llamacpp::metric;
     for batch in 1..=4usize {
         let warm = closed_loop(&probe.url(), batch, 64, Duration::from_secs(3), seed).await;
         assert_eq!(warm.failed, 0, "{:?}", warm.errors);
-        use llm_lc_testkit::llamacpp::metric;
         let secs = metric(&probe.url(), "llamacpp:tokens_predicted_seconds_total").await.unwrap_or(0.0);
         let tokens = metric(&probe.url(), "llamacpp:tokens_predicted_total").await.unwrap_or(0.0);
         table.push((secs - secs_before) / (tokens - tokens_before).max(1.0));

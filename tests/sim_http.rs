@@ -185,6 +185,17 @@ async fn bad_input_gets_400_and_never_kills_the_server() {
     assert_eq!(s, 200);
     let r = client().get(format!("{base}/no/such/path")).send().await.unwrap();
     assert_eq!(r.status(), 404);
+    // The fleet's /admin routes are served on the replica's port with the same error shape: a
+    // wrong method is a JSON 405, a bad body a JSON 4xx, and a good call works.
+    let r = client().get(format!("{base}/admin/replicas/0/speed")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    let v: Value = r.json().await.expect("JSON 405");
+    assert_eq!(v["error"]["code"], 405, "{v}");
+    let r = client().post(format!("{base}/admin/replicas/0/speed")).body("{").send().await.unwrap();
+    assert!(r.status().is_client_error(), "{}", r.status());
+    assert!(r.json::<Value>().await.is_ok(), "JSON error body");
+    let r = client().get(format!("{base}/admin/replicas")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::policy::testutil::snap;
+use crate::policy::testutil::{self, snap};
 use crate::policy::{PolicyConfig, PoolPolicy};
 use crate::ratio::RatioRange;
 
@@ -18,18 +18,7 @@ fn policy(mode: Mode) -> PoolPolicy {
 }
 
 fn s(waiting: f64, running: f64, kv: f64, latency: f64) -> Option<Sample> {
-    Some(Sample {
-        waiting,
-        running,
-        kv_usage: Some(kv),
-        latency: Some(latency),
-        service: None,
-        queue_time: None,
-        token_time: None,
-        prompt_cached: None,
-        slots: None,
-        age: Duration::from_secs(1),
-    })
+    Some(Sample { latency: Some(latency), ..testutil::sample(waiting, running, kv) })
 }
 
 fn ratios(
@@ -358,18 +347,7 @@ fn loaded_trio(service: Option<f64>) -> [(&'static str, Option<Sample>); 3] {
 }
 
 fn base() -> Sample {
-    Sample {
-        waiting: 0.0,
-        running: 0.0,
-        kv_usage: None,
-        latency: None,
-        service: None,
-        queue_time: None,
-        token_time: None,
-        prompt_cached: None,
-        slots: None,
-        age: Duration::from_secs(1),
-    }
+    Sample { kv_usage: None, ..testutil::sample(0.0, 0.0, 0.0) }
 }
 
 #[test]
