@@ -10,10 +10,16 @@
 //! and leastconn finds them as well (measured: 91% against 93% of prompt tokens cached): affinity
 //! pays where the cache is smaller than the working set, which at these sizes takes a small cache.
 //!
-//! The test asserts what does not depend on the machine's speed: the share of prompt tokens the
-//! servers found in their caches (`llamacpp:prompt_tokens_cached_total` over cached + processed)
-//! is much higher under the hash. The TTFT that buys is measured by the ignored
-//! `real_engine_prefix_table` (tests/llamacpp/prefix.sh) and written in src/bench/RESULTS.md.
+//! The test asserts what does not depend on the machine's speed: with one closed-loop client the
+//! share of prompt tokens the servers found in their caches (`llamacpp:prompt_tokens_cached_total`
+//! over cached + processed) is nearly all of it under the hash and about a third under leastconn
+//! (measured 98% against 26-27%). One client, because HAProxy's load bound is coarse at a handful
+//! of requests in flight: it shares `ceil(1.5 x (in flight + 1))` places out by weight, so with 3
+//! clients a server may hold one or two, a third of the requests spill off their key's server, and
+//! the share became a matter of timing (37-53% against 29-35% over six runs of one day, a test
+//! that failed as often as not). With one client the bound gives every server a place and the
+//! hash alone decides. The concurrent case, and the TTFT the cache buys, are measured by the
+//! ignored `real_engine_prefix_table` (tests/llamacpp/prefix.sh) and written in src/bench/RESULTS.md.
 
 use std::time::Duration;
 
@@ -24,7 +30,6 @@ use llm_lc_testkit::llamacpp::{closed_loop_of, grouped_prompt, metric, LlamaServ
 /// (~90 ms on one CPU thread) is most of an uncached request's TTFT.
 const GROUPS: u64 = 6;
 const SHARED_WORDS: usize = 600;
-const CLIENTS: usize = 3;
 
 /// Which LB setup a run goes through.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -70,8 +75,8 @@ fn body(seed: u64, c: usize, n: u64) -> serde_json::Value {
 }
 
 /// Fresh servers (`cache_ram_mib` for `--cache-ram`, `None`: llama.cpp's default), HAProxy,
-/// `secs` of closed-loop load through `lb`.
-async fn run(lb: Lb, secs: u64, seed: u64, cache_ram_mib: Option<u32>) -> Run {
+/// `secs` of load from `clients` closed-loop clients through `lb`.
+async fn run(lb: Lb, clients: usize, secs: u64, seed: u64, cache_ram_mib: Option<u32>) -> Run {
     let o = Options { slots: 2, ctx_per_slot: 1280, threads: 1, cache_ram_mib };
     let (a, b, c) = tokio::join!(
         LlamaServer::start_with(o.clone()),
@@ -97,7 +102,7 @@ async fn run(lb: Lb, secs: u64, seed: u64, cache_ram_mib: Option<u32>) -> Run {
     let before = prompt_tokens(&servers).await;
     let stats = closed_loop_of(
         &format!("http://127.0.0.1:{port}"),
-        CLIENTS,
+        clients,
         Duration::from_secs(secs),
         move |c, n| body(seed, c, n),
     )
@@ -127,11 +132,11 @@ fn line(lb: Lb, r: &Run) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_hash_config_finds_more_of_each_prompt_in_the_cache_than_leastconn() {
-    let hash = run(Lb::PrefixHash, 8, 3, Some(0)).await;
-    let lc = run(Lb::Leastconn, 8, 3, Some(0)).await;
+    let hash = run(Lb::PrefixHash, 1, 8, 3, Some(0)).await;
+    let lc = run(Lb::Leastconn, 1, 8, 3, Some(0)).await;
     println!("{}\n{}", line(Lb::PrefixHash, &hash), line(Lb::Leastconn, &lc));
     assert!(
-        hash.cached_share > lc.cached_share + 0.1,
+        hash.cached_share > 0.8 && hash.cached_share > lc.cached_share + 0.3,
         "hash {:.2} vs leastconn {:.2} of prompt tokens cached",
         hash.cached_share,
         lc.cached_share
@@ -146,13 +151,13 @@ async fn real_engine_prefix_table() {
     let mut rows = Vec::new();
     // Interleaved, twice, so a drift of the machine's speed hits both alike.
     for (seed, lb) in [(21, Lb::PrefixHash), (21, Lb::Leastconn), (22, Lb::Leastconn), (22, Lb::PrefixHash)] {
-        let r = run(lb, secs, seed, Some(0)).await;
+        let r = run(lb, 3, secs, seed, Some(0)).await;
         println!("{} (--cache-ram 0, seed {seed})", line(lb, &r));
         rows.push((lb, r));
     }
     // With llama.cpp's default RAM prompt cache, for the record.
     for lb in [Lb::PrefixHash, Lb::Leastconn] {
-        let r = run(lb, secs, 23, None).await;
+        let r = run(lb, 3, secs, 23, None).await;
         println!("{} (default --cache-ram, seed 23)", line(lb, &r));
     }
     for seed_rows in rows.chunks(2) {
