@@ -378,6 +378,92 @@ async fn real_engine_table() {
     }
 }
 
+/// The prompt's cost per token on the idle server at `url`, seconds: the difference of
+/// llama-server's own `timings.prompt_ms` between prompts of ~35 and ~530 tokens (medians of
+/// three, each prompt new to the slot so nothing is reused), so the step under it cancels out.
+async fn prefill_token_s(url: &str) -> f64 {
+    let client = reqwest::Client::new();
+    let mut at = Vec::new();
+    for words in [20usize, 320] {
+        let mut runs = Vec::new();
+        for n in 0..3u64 {
+            let body = serde_json::json!({
+                "prompt": llm_lc_testkit::llamacpp::prompt(7, 1000 * words as u64 + n, words),
+                "n_predict": 1,
+                "cache_prompt": false,
+            });
+            let answer: serde_json::Value = client
+                .post(format!("{url}/completion"))
+                .json(&body)
+                .send()
+                .await
+                .expect("prompt probe")
+                .json()
+                .await
+                .expect("prompt probe answer");
+            let t = &answer["timings"];
+            let (ms, n) = (t["prompt_ms"].as_f64(), t["prompt_n"].as_f64());
+            runs.push((ms.expect("timings.prompt_ms"), n.expect("timings.prompt_n")));
+        }
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        at.push(runs[1]);
+    }
+    ((at[1].0 - at[0].0) / (at[1].1 - at[0].1)).max(0.0) / 1e3
+}
+
+/// The fidelity run's request: a ~68-token prompt and 64 tokens out.
+const FIDELITY_PROMPT_TOKENS: f64 = 68.0;
+const FIDELITY_OUTPUT_TOKENS: f64 = 64.0;
+
+/// Requests per second `slots` slots serve at best by `profile`'s step table: the best batch
+/// `b` at most `slots` finishes `b` requests per `64 x step(b)` plus their prompts.
+fn capacity_per_s(profile: &llm_lc_sim::ModelProfile, slots: u32) -> f64 {
+    (1..=slots)
+        .map(|b| {
+            let one = FIDELITY_OUTPUT_TOKENS * profile.batch_cost_s(b)
+                + f64::from(b) * FIDELITY_PROMPT_TOKENS * profile.prefill_token_s;
+            f64::from(b) / one
+        })
+        .fold(0.0, f64::max)
+}
+
+/// `llamacpp-cpu` priced by the real server at `url` (`slots` slots, idle): per batch size
+/// 1..=slots the time per generated token per slot under that many closed-loop streams, three
+/// rounds of 3 s interleaved and the median kept (a window can catch a neighbour's burst), and
+/// the prompt's cost per token.
+async fn measured_profile(url: &str, slots: u32, seed: u64) -> llm_lc_sim::ModelProfile {
+    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); slots as usize];
+    let mut last = generation_counters(url).await;
+    for _ in 0..3 {
+        for (batch, round) in rounds.iter_mut().enumerate() {
+            let warm = closed_loop(url, batch + 1, 64, Duration::from_secs(3), seed).await;
+            assert_eq!(warm.failed, 0, "{:?}", warm.errors);
+            let now = generation_counters(url).await;
+            round.push((now.0 - last.0) / (now.1 - last.1).max(1.0));
+            last = now;
+        }
+    }
+    let mut profile = llm_lc_sim::ModelProfile::llamacpp_cpu();
+    profile.batch_step_s = rounds
+        .iter_mut()
+        .map(|r| {
+            r.sort_by(f64::total_cmp);
+            r[1]
+        })
+        .collect();
+    profile.step_overhead_s = profile.batch_step_s[0];
+    profile.prefill_token_s = prefill_token_s(url).await;
+    profile
+}
+
+/// (seconds generating, tokens generated) so far, summed over the slots.
+async fn generation_counters(url: &str) -> (f64, f64) {
+    use llm_lc_testkit::llamacpp::metric;
+    let secs = metric(url, "llamacpp:tokens_predicted_seconds_total").await.unwrap_or(0.0);
+    let tokens = metric(url, "llamacpp:tokens_predicted_total").await.unwrap_or(0.0);
+    (secs, tokens)
+}
+
 /// One simulated llama-server (`profile`, with `slots` slots, llama.cpp's metric names and
 /// `/props`), in real time.
 async fn sim_llama_server(profile: &llm_lc_sim::ModelProfile, slots: u32) -> llm_lc_sim::Fleet {
@@ -386,20 +472,6 @@ async fn sim_llama_server(profile: &llm_lc_sim::ModelProfile, slots: u32) -> llm
     cfg.metrics_style = MetricsStyle::Llamacpp;
     cfg.replicas[0].slots = Some(slots);
     start_fleet(cfg).await.expect("sim starts")
-}
-
-/// (decode calls, mean busy slots per call, seconds per generated token per slot) so far.
-async fn step_stats(url: &str) -> (f64, f64, f64) {
-    use llm_lc_testkit::llamacpp::metric;
-    let get = |n: &'static str| metric(url, n);
-    let (d, b, s, t) = tokio::join!(
-        get("llamacpp:n_decode_total"),
-        get("llamacpp:n_busy_slots_per_decode"),
-        get("llamacpp:tokens_predicted_seconds_total"),
-        get("llamacpp:tokens_predicted_total")
-    );
-    let (d, b, s, t) = (d.unwrap_or(0.0), b.unwrap_or(0.0), s.unwrap_or(0.0), t.unwrap_or(1.0));
-    (d, b, s / t.max(1.0))
 }
 
 /// Relative difference of `sim` from `real`.
@@ -415,6 +487,9 @@ fn off(sim: f64, real: f64) -> f64 {
 async fn the_simulator_against_a_real_llama_server() {
     let secs: f64 = std::env::var("LLMLC_FIDELITY_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(40.0);
     let seed: u64 = std::env::var("LLMLC_FIDELITY_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(11);
+    // slots:load, the load a fraction of what that many slots can serve (below), so a case means
+    // the same on a fast day and a slow one: near saturation a 15% slower machine multiplies the
+    // queue, and a rate fixed in requests per second measured the day more than the model.
     let cases: Vec<(u32, f64)> = std::env::var("LLMLC_FIDELITY_CASES")
         .ok()
         .map(|s| {
@@ -423,54 +498,43 @@ async fn the_simulator_against_a_real_llama_server() {
                 .filter_map(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
                 .collect()
         })
-        .unwrap_or_else(|| vec![(1, 5.0), (4, 10.0)]);
-    // The machine's speed varies from run to run (a batch-1 decode step of 1.6 ms one day, 2.9 ms
-    // another, and batched steps slow down by other factors than single ones), and the profile's
-    // step table was measured once. So the simulated server is priced with this machine's table of
-    // the moment: on a real 4-slot server, 1-4 concurrent streams for 3 s each, the time per
-    // generated token per slot at each batch size. What is compared after that is the shape:
-    // queues and TTFT percentiles under load.
-    let probe = LlamaServer::start(4).await;
-    let mut table = Vec::new();
-    let (mut secs_before, mut tokens_before) = (0.0, 0.0);
-    use llm_lc_testkit::llamacpp::metric;
-    for batch in 1..=4usize {
-        let warm = closed_loop(&probe.url(), batch, 64, Duration::from_secs(3), seed).await;
-        assert_eq!(warm.failed, 0, "{:?}", warm.errors);
-        let secs = metric(&probe.url(), "llamacpp:tokens_predicted_seconds_total").await.unwrap_or(0.0);
-        let tokens = metric(&probe.url(), "llamacpp:tokens_predicted_total").await.unwrap_or(0.0);
-        table.push((secs - secs_before) / (tokens - tokens_before).max(1.0));
-        (secs_before, tokens_before) = (secs, tokens);
-    }
-    drop(probe);
-    let mut profile = llm_lc_sim::ModelProfile::llamacpp_cpu();
-    println!(
-        "step table now (ms per token at batch 1-4): {:.2?}, shipped {:.2?}",
-        table.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
-        profile.batch_step_s.iter().map(|t| t * 1e3).collect::<Vec<_>>()
-    );
-    profile.step_overhead_s = table[0];
-    profile.batch_step_s = table;
+        .unwrap_or_else(|| vec![(1, 0.6), (4, 0.6)]);
+    // The machine's speed varies from day to day (a batch-1 decode step of 1.6 ms one day, 2.9 ms
+    // another, and batched steps slow down by other factors than single ones) and from minute to
+    // minute (3.1 ms on one server, 2.4 ms on the next a minute later), and the profile's step
+    // table was measured once. So each case's real server is measured first, and the simulated
+    // one priced with what it showed: the step table of that server at 1..slots streams and its
+    // prompt cost per token. What is compared after that is the shape: queues and TTFT
+    // percentiles under load.
     let mut worst: f64 = 0.0;
     println!("| slots | rate/s | engine | TTFT p50 | p90 | p99 | mean queue | requests |");
     println!("|---|---|---|---|---|---|---|---|");
-    for (slots, rate) in cases {
-        let n = (rate * secs).round() as u64;
+    for (slots, load) in cases {
         let real = LlamaServer::start(slots).await;
+        let profile = measured_profile(&real.url(), slots, seed).await;
+        let rate = load * capacity_per_s(&profile, slots);
+        let n = (rate * secs).round() as u64;
+        let before = generation_counters(&real.url()).await;
         let r = llm_lc_testkit::llamacpp::open_loop(&real.url(), rate, n, 64, seed).await;
-        let rstep = step_stats(&real.url()).await;
+        let after = generation_counters(&real.url()).await;
         drop(real);
         let sim = sim_llama_server(&profile, slots).await;
         let url = format!("http://{}", sim.addrs()[0]);
         let s = llm_lc_testkit::llamacpp::open_loop(&url, rate, n, 64, seed).await;
-        let sstep = step_stats(&url).await;
+        let sim_after = generation_counters(&url).await;
         sim.shutdown().await;
-        println!("steps real {rstep:?} sim {sstep:?}");
+        println!(
+            "{slots} slots, load {load}: {rate:.2}/s; table {:.2?} ms, prompt {:.3} ms/token; in the run: real {:.2} ms/token/slot, sim {:.2}",
+            profile.batch_step_s.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
+            profile.prefill_token_s * 1e3,
+            (after.0 - before.0) / (after.1 - before.1).max(1.0) * 1e3,
+            sim_after.0 / sim_after.1.max(1.0) * 1e3,
+        );
         for (name, x) in [("real", &r), ("sim", &s)] {
             assert_eq!(x.failed, 0, "{name}: {:?}", x.errors);
             let ms = |q: f64| x.ttft_quantile(q).as_secs_f64() * 1e3;
             println!(
-                "| {slots} | {rate} | {name} | {:.0} ms | {:.0} ms | {:.0} ms | {:.2} | {} |",
+                "| {slots} | {rate:.2} | {name} | {:.0} ms | {:.0} ms | {:.0} ms | {:.2} | {} |",
                 ms(0.5),
                 ms(0.9),
                 ms(0.99),
