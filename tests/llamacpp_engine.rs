@@ -380,13 +380,14 @@ async fn real_engine_table() {
 
 /// The prompt's cost per token on the idle server at `url`, seconds: the difference of
 /// llama-server's own `timings.prompt_ms` between prompts of ~35 and ~530 tokens (medians of
-/// three, each prompt new to the slot so nothing is reused), so the step under it cancels out.
+/// five, taken in turns so a slow second hits both sizes; each prompt new to the slot so nothing
+/// is reused), so the step under it cancels out. Three were not enough: one reading gave twice
+/// the others.
 async fn prefill_token_s(url: &str) -> f64 {
     let client = reqwest::Client::new();
-    let mut at = Vec::new();
-    for words in [20usize, 320] {
-        let mut runs = Vec::new();
-        for n in 0..3u64 {
+    let mut runs: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    for n in 0..5u64 {
+        for (k, words) in [20usize, 320].into_iter().enumerate() {
             let body = serde_json::json!({
                 "prompt": llm_lc_testkit::llamacpp::prompt(7, 1000 * words as u64 + n, words),
                 "n_predict": 1,
@@ -403,11 +404,16 @@ async fn prefill_token_s(url: &str) -> f64 {
                 .expect("prompt probe answer");
             let t = &answer["timings"];
             let (ms, n) = (t["prompt_ms"].as_f64(), t["prompt_n"].as_f64());
-            runs.push((ms.expect("timings.prompt_ms"), n.expect("timings.prompt_n")));
+            runs[k].push((ms.expect("timings.prompt_ms"), n.expect("timings.prompt_n")));
         }
-        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        at.push(runs[1]);
     }
+    let at: Vec<(f64, f64)> = runs
+        .iter_mut()
+        .map(|r| {
+            r.sort_by(|a, b| a.0.total_cmp(&b.0));
+            r[2]
+        })
+        .collect();
     ((at[1].0 - at[0].0) / (at[1].1 - at[0].1)).max(0.0) / 1e3
 }
 
@@ -506,7 +512,14 @@ async fn the_simulator_against_a_real_llama_server() {
     // one priced with what it showed: the step table of that server at 1..slots streams and its
     // prompt cost per token. What is compared after that is the shape: queues and TTFT
     // percentiles under load.
+    // And it drifts within a minute (an idle 1-slot server decoded at 2.4, 2.7, 3.1 and 3.4 ms per
+    // token in four 8 s windows in a row; one 64-token answer took 176 ms, the next 236 ms), and
+    // queues are convex in the speed: two real runs of the same load differ as much as a model
+    // might. So the real server runs the load twice, before and after the simulated one (A, sim,
+    // B): the simulator is compared with their mean, which cancels a steady drift, and the table
+    // shows how far the real engine is from itself.
     let mut worst: f64 = 0.0;
+    let mut worst_self: f64 = 0.0;
     println!("| slots | rate/s | engine | TTFT p50 | p90 | p99 | mean queue | requests |");
     println!("|---|---|---|---|---|---|---|---|");
     for (slots, load) in cases {
@@ -514,23 +527,27 @@ async fn the_simulator_against_a_real_llama_server() {
         let profile = measured_profile(&real.url(), slots, seed).await;
         let rate = load * capacity_per_s(&profile, slots);
         let n = (rate * secs).round() as u64;
-        let before = generation_counters(&real.url()).await;
-        let r = llm_lc_testkit::llamacpp::open_loop(&real.url(), rate, n, 64, seed).await;
-        let after = generation_counters(&real.url()).await;
-        drop(real);
+        let c0 = generation_counters(&real.url()).await;
+        let a = llm_lc_testkit::llamacpp::open_loop(&real.url(), rate, n, 64, seed).await;
+        let c1 = generation_counters(&real.url()).await;
         let sim = sim_llama_server(&profile, slots).await;
         let url = format!("http://{}", sim.addrs()[0]);
         let s = llm_lc_testkit::llamacpp::open_loop(&url, rate, n, 64, seed).await;
-        let sim_after = generation_counters(&url).await;
+        let cs = generation_counters(&url).await;
         sim.shutdown().await;
+        let b = llm_lc_testkit::llamacpp::open_loop(&real.url(), rate, n, 64, seed).await;
+        let c2 = generation_counters(&real.url()).await;
+        drop(real);
+        let per_token = |x: (f64, f64), y: (f64, f64)| (y.0 - x.0) / (y.1 - x.1).max(1.0) * 1e3;
         println!(
-            "{slots} slots, load {load}: {rate:.2}/s; table {:.2?} ms, prompt {:.3} ms/token; in the run: real {:.2} ms/token/slot, sim {:.2}",
+            "{slots} slots, load {load}: {rate:.2}/s; table {:.2?} ms, prompt {:.3} ms/token; ms per token per slot in the runs: real A {:.2}, sim {:.2}, real B {:.2}",
             profile.batch_step_s.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
             profile.prefill_token_s * 1e3,
-            (after.0 - before.0) / (after.1 - before.1).max(1.0) * 1e3,
-            sim_after.0 / sim_after.1.max(1.0) * 1e3,
+            per_token(c0, c1),
+            per_token((0.0, 0.0), cs),
+            per_token(c1, c2),
         );
-        for (name, x) in [("real", &r), ("sim", &s)] {
+        for (name, x) in [("real A", &a), ("sim", &s), ("real B", &b)] {
             assert_eq!(x.failed, 0, "{name}: {:?}", x.errors);
             let ms = |q: f64| x.ttft_quantile(q).as_secs_f64() * 1e3;
             println!(
@@ -543,12 +560,17 @@ async fn the_simulator_against_a_real_llama_server() {
             );
         }
         for q in [0.5, 0.9, 0.99] {
-            let d = off(s.ttft_quantile(q).as_secs_f64(), r.ttft_quantile(q).as_secs_f64());
-            worst = worst.max(d);
+            let t = |x: &llm_lc_testkit::llamacpp::LoadStats| x.ttft_quantile(q).as_secs_f64();
+            let real = (t(&a) + t(&b)) / 2.0;
+            worst = worst.max(off(t(&s), real));
+            worst_self = worst_self.max(off(t(&a), real));
         }
         // Queues near zero differ by a few readings; compare them on the scale of one request.
-        worst = worst.max((s.mean_deferred() - r.mean_deferred()).abs() / r.mean_deferred().max(1.0));
+        let real_q = (a.mean_deferred() + b.mean_deferred()) / 2.0;
+        worst = worst.max((s.mean_deferred() - real_q).abs() / real_q.max(1.0));
+        worst_self = worst_self.max((a.mean_deferred() - real_q).abs() / real_q.max(1.0));
     }
-    println!("worst difference: {:.0}%", worst * 100.0);
+    println!("real A and B from their mean: {:.0}% at worst", worst_self * 100.0);
+    println!("the simulator from the real mean: {:.0}% at worst", worst * 100.0);
     assert!(worst <= 0.25, "the simulator is {:.0}% off the real engine", worst * 100.0);
 }
