@@ -486,8 +486,9 @@ fn off(sim: f64, real: f64) -> f64 {
 }
 
 /// The same open-loop load (seeded Poisson arrivals, the same prompts, 64 tokens) on a real
-/// llama-server and on the simulated one at the same slot count, one after the other; prints
-/// TTFT percentiles and the mean queue of both, and asserts they agree within 25%.
+/// llama-server, then on the simulated one priced by that server, then on the real one again,
+/// at the same slot count; prints TTFT percentiles and the mean queue of the three, and asserts
+/// the simulator is within 25% of the real runs' mean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a 3-minute measurement; tests/llamacpp/sim_vs_real.sh runs it"]
 async fn the_simulator_against_a_real_llama_server() {
