@@ -15,7 +15,7 @@ use std::time::Duration;
 use llm_lc_adapters::MemberId;
 use llm_lc_testkit::controller::Running;
 use llm_lc_testkit::haproxy::{standard_config, Haproxy};
-use llm_lc_testkit::llamacpp::{closed_loop, LlamaServer, LoadStats};
+use llm_lc_testkit::llamacpp::{closed_loop, LlamaServer, LoadStats, Options};
 use llm_lc_testkit::prometheus::Prometheus;
 use llm_lc_testkit::wait;
 use llm_load_controller::config::{JoinConfig, PrometheusConfig, ScrapeConfig};
@@ -524,7 +524,11 @@ async fn the_simulator_against_a_real_llama_server() {
     println!("| slots | rate/s | engine | TTFT p50 | p90 | p99 | mean queue | requests |");
     println!("|---|---|---|---|---|---|---|---|");
     for (slots, load) in cases {
-        let real = LlamaServer::start(slots).await;
+        // Without llama.cpp's RAM prompt cache (8 GiB by default), which would hand run B every
+        // prompt of run A (p50 5 against 22 ms in one run): each slot keeps only its last prompt,
+        // as the simulated server's slots do.
+        let real =
+            LlamaServer::start_with(Options { slots, cache_ram_mib: Some(0), ..Options::default() }).await;
         let profile = measured_profile(&real.url(), slots, seed).await;
         let rate = load * capacity_per_s(&profile, slots);
         let n = (rate * secs).round() as u64;
