@@ -490,7 +490,7 @@ fn off(sim: f64, real: f64) -> f64 {
 /// at the same slot count; prints TTFT percentiles and the mean queue of the three, and asserts
 /// the simulator is within 25% of the real runs' mean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a 3-minute measurement; tests/llamacpp/sim_vs_real.sh runs it"]
+#[ignore = "a 6-10 minute measurement; tests/llamacpp/sim_vs_real.sh runs it"]
 async fn the_simulator_against_a_real_llama_server() {
     let secs: f64 = std::env::var("LLMLC_FIDELITY_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(40.0);
     let seed: u64 = std::env::var("LLMLC_FIDELITY_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(11);
@@ -507,18 +507,15 @@ async fn the_simulator_against_a_real_llama_server() {
         })
         .unwrap_or_else(|| vec![(1, 0.6), (4, 0.6)]);
     // The machine's speed varies from day to day (a batch-1 decode step of 1.6 ms one day, 2.9 ms
-    // another, and batched steps slow down by other factors than single ones) and from minute to
-    // minute (3.1 ms on one server, 2.4 ms on the next a minute later), and the profile's step
-    // table was measured once. So each case's real server is measured first, and the simulated
-    // one priced with what it showed: the step table of that server at 1..slots streams and its
-    // prompt cost per token. What is compared after that is the shape: queues and TTFT
+    // another, batched steps slowing by other factors than single ones) and the profile's table
+    // was measured once, so each case's real server is measured first and the simulated one
+    // priced with what it showed: its step table at 1..slots streams and its prompt cost per
+    // token. The speed drifts within a minute too (an idle 1-slot server decoded at 2.4, 2.7,
+    // 3.1 and 3.4 ms per token in four 8 s windows in a row), and queues are convex in it, so the
+    // real server runs the load twice, before and after the simulated one (A, sim, B): the
+    // simulator is compared with their mean, which cancels a steady drift, and the output shows
+    // how far the real engine is from itself. What is compared is the shape: queues and TTFT
     // percentiles under load.
-    // And it drifts within a minute (an idle 1-slot server decoded at 2.4, 2.7, 3.1 and 3.4 ms per
-    // token in four 8 s windows in a row; one 64-token answer took 176 ms, the next 236 ms), and
-    // queues are convex in the speed: two real runs of the same load differ as much as a model
-    // might. So the real server runs the load twice, before and after the simulated one (A, sim,
-    // B): the simulator is compared with their mean, which cancels a steady drift, and the table
-    // shows how far the real engine is from itself.
     let mut worst: f64 = 0.0;
     let mut worst_self: f64 = 0.0;
     println!("| slots | rate/s | engine | TTFT p50 | p90 | p99 | mean queue | requests |");
@@ -565,7 +562,7 @@ async fn the_simulator_against_a_real_llama_server() {
             );
         }
         for q in [0.5, 0.9, 0.99] {
-            let t = |x: &llm_lc_testkit::llamacpp::LoadStats| x.ttft_quantile(q).as_secs_f64();
+            let t = |x: &LoadStats| x.ttft_quantile(q).as_secs_f64();
             let real = (t(&a) + t(&b)) / 2.0;
             worst = worst.max(off(t(&s), real));
             worst_self = worst_self.max(off(t(&a), real));
