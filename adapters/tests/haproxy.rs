@@ -236,6 +236,22 @@ async fn unknown_members_and_servers() {
     assert_eq!((refused[0].server.as_str(), refused[0].message.as_str()), ("ghost", "No such server."));
     assert_eq!(hx.weight("be", "s2").await.0, 4);
     assert_eq!(client.get_weight("be", "s2").await.unwrap(), (4, 1));
+
+    // A name no command may carry is not sent and is reported; the good ones beside it still are.
+    let refused = client
+        .set_weights("be", &[("s1".into(), 7), ("s2;shutdown sessions".into(), 9), ("s3".into(), 8)])
+        .await
+        .unwrap();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].server, "s2;shutdown sessions");
+    assert!(refused[0].message.contains("not sent"), "{}", refused[0].message);
+    assert_eq!(
+        (hx.weight("be", "s1").await.0, hx.weight("be", "s2").await.0, hx.weight("be", "s3").await.0),
+        (7, 4, 8)
+    );
+    // Nothing sendable: no connection is needed to say so.
+    let refused = client.set_weights("be", &[("bad name".into(), 1)]).await.unwrap();
+    assert_eq!(refused.len(), 1);
 }
 
 #[tokio::test]

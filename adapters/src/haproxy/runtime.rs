@@ -157,25 +157,33 @@ impl RuntimeClient {
     }
 
     /// `set server BACKEND/SERVER weight N` for each pair, chained in one connection. `Ok` holds the
-    /// commands HAProxy refused (empty when all were applied).
+    /// commands HAProxy refused, and the servers whose names no command may carry, which are not
+    /// sent (empty when all were applied): one bad name costs its own weight, not the others'.
     pub async fn set_weights(
         &self,
         backend: &str,
         weights: &[(String, u32)],
     ) -> Result<Vec<Refusal>, SinkError> {
         check_name(backend)?;
-        for (server, _) in weights {
-            check_name(server)?;
-        }
+        let (sendable, unsendable): (Vec<_>, Vec<_>) = weights.iter().partition(|(s, _)| valid_name(s));
+        let mut refused: Vec<Refusal> = unsendable
+            .into_iter()
+            .map(|(server, weight)| Refusal {
+                server: server.clone(),
+                weight: *weight,
+                message: "not a valid HAProxy server name (letters, digits, '-', '_', '.', ':'); not sent"
+                    .into(),
+            })
+            .collect();
         let commands: Vec<String> =
-            weights.iter().map(|(s, w)| format!("set server {backend}/{s} weight {w}")).collect();
-        let answers = self.run(&commands).await?;
-        Ok(weights
-            .iter()
-            .zip(answers)
-            .filter(|(_, a)| !a.is_empty())
-            .map(|((server, weight), message)| Refusal { server: server.clone(), weight: *weight, message })
-            .collect())
+            sendable.iter().map(|(s, w)| format!("set server {backend}/{s} weight {w}")).collect();
+        let answers = if commands.is_empty() { Vec::new() } else { self.run(&commands).await? };
+        refused.extend(
+            sendable.into_iter().zip(answers).filter(|(_, a)| !a.is_empty()).map(
+                |((server, weight), message)| Refusal { server: server.clone(), weight: *weight, message },
+            ),
+        );
+        Ok(refused)
     }
 
     /// `get weight BACKEND/SERVER` -> `(current, initial)`.
