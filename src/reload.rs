@@ -269,9 +269,15 @@ fn forget_gone(telemetry: &Telemetry, before: &CycleReport, after: &CycleReport)
         }
         if kept.is_none() {
             let l = labels(&[("pool", &p.pool)]);
-            for f in [&m.pool_saturation, &m.pool_fresh_members, &m.pool_up, &m.pool_active_tiers] {
+            for f in
+                [&m.pool_saturation, &m.pool_fresh_members, &m.pool_up, &m.pool_active_tiers, &m.pool_members]
+            {
                 f.remove(&l);
             }
+            // Refused names are counted per pool, without a member label, so no member's
+            // forgetting reaches them.
+            let reason = crate::source::FailureReason::InvalidName.as_str();
+            m.member_errors.remove(&labels(&[("pool", &p.pool), ("reason", reason)]));
         }
     }
 }
@@ -355,6 +361,27 @@ impl Reloader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_the_new_config_drops_loses_its_pool_series_and_its_refused_name_count() {
+        use crate::report::PoolReport;
+        let t = Telemetry::new(Duration::from_secs(1), 3);
+        let m = &t.metrics;
+        for pool in ["kept", "gone"] {
+            m.pool_up.get_or_create(&labels(&[("pool", pool)])).set(1.0);
+            m.pool_members.get_or_create(&labels(&[("pool", pool)])).set(2.0);
+            m.member_errors.get_or_create(&labels(&[("pool", pool), ("reason", "invalid_name")])).inc();
+        }
+        let report = |pools: &[&str]| CycleReport {
+            ts: String::new(),
+            pools: pools.iter().map(|p| PoolReport { pool: p.to_string(), ..Default::default() }).collect(),
+        };
+        forget_gone(&t, &report(&["kept", "gone"]), &report(&["kept"]));
+        let page = m.encode();
+        let lines = |pool: &str| page.lines().filter(|l| l.contains(&format!("pool=\"{pool}\""))).count();
+        assert_eq!(lines("gone"), 0, "{page}");
+        assert_eq!(lines("kept"), 3, "{page}");
+    }
 
     #[test]
     fn poll_period_is_bounded() {
