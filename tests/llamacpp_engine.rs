@@ -403,18 +403,18 @@ async fn prefill_token_s(url: &str) -> f64 {
                 .await
                 .expect("prompt probe answer");
             let t = &answer["timings"];
-            let (ms, n) = (t["prompt_ms"].as_f64(), t["prompt_n"].as_f64());
-            runs[k].push((ms.expect("timings.prompt_ms"), n.expect("timings.prompt_n")));
+            let (ms, tokens) = (t["prompt_ms"].as_f64(), t["prompt_n"].as_f64());
+            runs[k].push((ms.expect("timings.prompt_ms"), tokens.expect("timings.prompt_n")));
         }
     }
-    let at: Vec<(f64, f64)> = runs
-        .iter_mut()
-        .map(|r| {
-            r.sort_by(|a, b| a.0.total_cmp(&b.0));
-            r[2]
-        })
-        .collect();
-    ((at[1].0 - at[0].0) / (at[1].1 - at[0].1)).max(0.0) / 1e3
+    let [short, long] = runs.map(|r| median_by(r, |x| x.0));
+    ((long.0 - short.0) / (long.1 - short.1)).max(0.0) / 1e3
+}
+
+/// The middle element of `v` by `key` (the upper one of an even count).
+fn median_by<T>(mut v: Vec<T>, key: impl Fn(&T) -> f64) -> T {
+    v.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    v.swap_remove(v.len() / 2)
 }
 
 /// The fidelity run's request: a ~68-token prompt and 64 tokens out.
@@ -450,13 +450,7 @@ async fn measured_profile(url: &str, slots: u32, seed: u64) -> llm_lc_sim::Model
         }
     }
     let mut profile = llm_lc_sim::ModelProfile::llamacpp_cpu();
-    profile.batch_step_s = rounds
-        .iter_mut()
-        .map(|r| {
-            r.sort_by(f64::total_cmp);
-            r[1]
-        })
-        .collect();
+    profile.batch_step_s = rounds.into_iter().map(|r| median_by(r, |x| *x)).collect();
     profile.step_overhead_s = profile.batch_step_s[0];
     profile.prefill_token_s = prefill_token_s(url).await;
     profile

@@ -13,7 +13,7 @@
 //! The test asserts what does not depend on the machine's speed: with one closed-loop client the
 //! share of prompt tokens the servers found in their caches (`llamacpp:prompt_tokens_cached_total`
 //! over cached + processed) is nearly all of it under the hash and about a third under leastconn
-//! (measured 98% against 26-27%). One client, because HAProxy's load bound is coarse at a handful
+//! (measured 92-98% against 26-27%). One client, because HAProxy's load bound is coarse at a handful
 //! of requests in flight: it shares `ceil(1.5 x (in flight + 1))` places out by weight, so with 3
 //! clients a server may hold one or two, a third of the requests spill off their key's server, and
 //! the share became a matter of timing (37-53% against 29-35% over six runs of one day, a test

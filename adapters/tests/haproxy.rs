@@ -249,8 +249,13 @@ async fn unknown_members_and_servers() {
         (hx.weight("be", "s1").await.0, hx.weight("be", "s2").await.0, hx.weight("be", "s3").await.0),
         (7, 4, 8)
     );
-    // Nothing sendable: no connection is needed to say so.
-    let refused = client.set_weights("be", &[("bad name".into(), 1)]).await.unwrap();
+    // Nothing sendable: the refusal is the answer, and no connection is made for an empty chain
+    // (this address has no listener, so an attempt would be an error).
+    let nobody = RuntimeClient::new(
+        RuntimeAddr::parse(&format!("127.0.0.1:{}", llm_lc_testkit::ports::free_port())).unwrap(),
+        Duration::from_secs(2),
+    );
+    let refused = nobody.set_weights("be", &[("bad name".into(), 1)]).await.unwrap();
     assert_eq!(refused.len(), 1);
 }
 

@@ -171,13 +171,12 @@ impl RuntimeClient {
             .map(|(server, weight)| Refusal {
                 server: server.clone(),
                 weight: *weight,
-                message: "not a valid HAProxy server name (letters, digits, '-', '_', '.', ':'); not sent"
-                    .into(),
+                message: format!("not a valid HAProxy server name ({NAME_RULE}); not sent"),
             })
             .collect();
         let commands: Vec<String> =
             sendable.iter().map(|(s, w)| format!("set server {backend}/{s} weight {w}")).collect();
-        let answers = if commands.is_empty() { Vec::new() } else { self.run(&commands).await? };
+        let answers = self.run(&commands).await?;
         refused.extend(
             sendable.into_iter().zip(answers).filter(|(_, a)| !a.is_empty()).map(
                 |((server, weight), message)| Refusal { server: server.clone(), weight: *weight, message },
@@ -242,6 +241,9 @@ pub fn parse_get_weight(answer: &str) -> Option<(u32, u32)> {
     Some((cur.trim().parse().ok()?, rest.strip_suffix(')')?.trim().parse().ok()?))
 }
 
+/// What [`valid_name`] accepts, for messages.
+const NAME_RULE: &str = "letters, digits, '-', '_', '.', ':'";
+
 /// HAProxy names hold only letters, digits, `-`, `_`, `.` and `:` (its own `invalid_char` rule), so a
 /// name that passes can never smuggle `;`, a space or a newline into a command line.
 pub fn valid_name(name: &str) -> bool {
@@ -253,7 +255,7 @@ fn check_name(name: &str) -> Result<(), SinkError> {
         Ok(())
     } else {
         Err(SinkError::Config(format!(
-            "`{name}` is not a valid HAProxy backend or server name (letters, digits, '-', '_', '.', ':')"
+            "`{name}` is not a valid HAProxy backend or server name ({NAME_RULE})"
         )))
     }
 }
