@@ -33,6 +33,7 @@ pub mod route;
 pub mod server;
 pub mod split;
 pub mod upstream;
+pub mod wire;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

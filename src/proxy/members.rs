@@ -1,16 +1,15 @@
 //! Keep-alive connections to members, driven by the request that uses them.
 //!
-//! hyper's pooled client runs each connection in a task of its own and hands the response body
-//! over a channel that holds one chunk: every SSE event then costs two task switches (often
-//! across threads) and a write to the client of its own, because the forwarder never finds more
-//! than one event waiting. Here a connection is polled by whoever reads its response (the client
-//! connection's own task), so every event already in the read buffer is decoded in one go and
-//! leaves in one write, as HAProxy does.
+//! A connection is read by whoever reads its response (the client connection's own task): every
+//! byte already in the read buffer is decoded in one pass ([`super::wire`]) and leaves in one write,
+//! as HAProxy does. hyper's client was used here before: its connection task, or its body channel
+//! that holds one decoded chunk, cost a hand-off and a buffer reference per SSE event
+//! (src/proxy/RESULTS.md has the numbers of both designs).
 //!
 //! Idle connections wait per member (last in, first out: the warmest first; at most
-//! [`MAX_IDLE_PER_MEMBER`], none older than [`IDLE_TIMEOUT`]). Nobody polls an idle connection, so
-//! a member closing one is noticed at checkout: it is polled once, without a waker, and dropped if
-//! it ended or cannot take a request. A request that fails on a reused connection before any
+//! [`MAX_IDLE_PER_MEMBER`], none older than [`IDLE_TIMEOUT`]). Nobody reads an idle connection, so
+//! a member closing one is noticed at checkout: it is peeked once, without waiting, and dropped if
+//! it ended or holds bytes nobody asked for. A request that fails on a reused connection before any
 //! response because the connection was closed or reset (a close that raced the checkout) is sent
 //! once more on a new connection; a model server's completion has no side effect a second attempt
 //! could repeat.
@@ -19,20 +18,20 @@
 //! (vLLM) aborts the request, exactly what a client that hung up wants.
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::http::{header, HeaderValue, Request, Response, Uri};
+use axum::http::{HeaderMap, Response, Uri};
+use bytes::{Buf, BytesMut};
 use futures::Stream;
-use http_body_util::Full;
-use hyper::body::{Body as _, Incoming};
-use hyper::client::conn::http1::{self, Connection, SendRequest};
-use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+
+use super::wire::{self, Framing, Head};
 
 /// Most idle connections kept per member.
 pub const MAX_IDLE_PER_MEMBER: usize = 256;
@@ -41,12 +40,17 @@ pub const MAX_IDLE_PER_MEMBER: usize = 256;
 /// uvicorn after 5 s by default; the checkout notices those).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
-type Driver = Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>;
-type Sender = SendRequest<Full<Bytes>>;
+/// Room made in the read buffer before each read: a few hundred SSE events.
+const READ_AHEAD: usize = 32 << 10;
+
+/// One connection to a member and what has been read from it but not yet decoded.
+struct Conn {
+    tcp: TcpStream,
+    buf: BytesMut,
+}
 
 struct Idle {
-    sender: Sender,
-    driver: Driver,
+    conn: Conn,
     since: Instant,
 }
 
@@ -55,8 +59,8 @@ struct Idle {
 pub enum SendError {
     /// No connection could be made (refused, unreachable, DNS, connect timeout): nothing was sent.
     Connect(String),
-    /// The request was sent (or sending failed) and no response head came back.
-    Failed(hyper::Error),
+    /// The request was sent (or sending failed) and no usable response head came back.
+    Failed(String),
 }
 
 /// Idle keep-alive connections by member (`host:port`).
@@ -78,49 +82,52 @@ impl Members {
         Arc::new(Members { idle: Mutex::new(IdleLists::default()), connect_timeout })
     }
 
-    /// Send `req` to the member of `uri` (absolute, as built by `member_uri`; `req`'s own URI is
-    /// replaced) and wait for the response head. The response body drives the connection as it is
-    /// read.
+    /// POST `body` with `headers` (already free of hop-by-hop fields, `host` and `content-length`)
+    /// to the member of `uri` (absolute, as built by `member_uri`) and wait for the response head.
+    /// The response body reads the connection as it is read.
     pub async fn send(
         self: &Arc<Self>,
         uri: &Uri,
-        mut req: Request<Full<Bytes>>,
+        headers: &HeaderMap,
+        body: Bytes,
     ) -> Result<Response<MemberBody>, SendError> {
         let Some(authority) = uri.authority() else {
             return Err(SendError::Connect(format!("{uri} has no host")));
         };
-        let key = authority.as_str().to_string();
-        // hyper's connection writes the URI as given: origin-form on the wire (uvicorn routes the
-        // request target as a path), with a Host header. Built from the parsed parts, not re-parsed.
-        *req.uri_mut() = uri.path_and_query().cloned().map_or_else(|| Uri::from_static("/"), Uri::from);
-        if let Ok(host) = HeaderValue::from_str(&key) {
-            req.headers_mut().insert(header::HOST, host);
-        }
-        if let Some(idle) = self.checkout(&key) {
-            let retry = clone_request(&req);
-            match exchange(idle.sender, idle.driver, req).await {
-                Ok((resp, sender, driver)) => return Ok(self.body(resp, sender, driver, key)),
+        let key = authority.as_str();
+        // Origin-form on the wire (uvicorn routes the request target as a path), the member as Host.
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let head = wire::request_head(path, key, headers, body.len());
+        if let Some(conn) = self.checkout(key) {
+            match exchange(conn, &head, &body).await {
+                Ok((h, conn)) => return Ok(self.body(h, conn, key)),
                 // Closed under us before answering: once more, on a connection of its own.
-                Err(e) if closed_under_us(&e) => req = retry,
-                Err(e) => return Err(SendError::Failed(e)),
+                Err(Failure::Closed(_)) => {}
+                Err(Failure::Other(e)) => return Err(SendError::Failed(e)),
             }
         }
-        let (sender, driver) = self.connect(&key).await?;
-        let (resp, sender, driver) = exchange(sender, driver, req).await.map_err(SendError::Failed)?;
-        Ok(self.body(resp, sender, driver, key))
+        let conn = self.connect(key).await?;
+        match exchange(conn, &head, &body).await {
+            Ok((h, conn)) => Ok(self.body(h, conn, key)),
+            Err(Failure::Closed(e) | Failure::Other(e)) => Err(SendError::Failed(e)),
+        }
     }
 
-    fn body(
-        self: &Arc<Self>,
-        resp: Response<Incoming>,
-        sender: Sender,
-        driver: Option<Driver>,
-        key: String,
-    ) -> Response<MemberBody> {
-        resp.map(|body| MemberBody { body, driver, sender: Some(sender), pool: Arc::downgrade(self), key })
+    fn body(self: &Arc<Self>, head: Head, conn: Conn, key: &str) -> Response<MemberBody> {
+        let Head { status, headers, framing, reusable } = head;
+        let mut r = Response::new(MemberBody {
+            conn: Some(conn),
+            framing,
+            reusable,
+            pool: Arc::downgrade(self),
+            key: key.to_string(),
+        });
+        *r.status_mut() = status;
+        *r.headers_mut() = headers;
+        r
     }
 
-    async fn connect(&self, key: &str) -> Result<(Sender, Driver), SendError> {
+    async fn connect(&self, key: &str) -> Result<Conn, SendError> {
         let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(key)).await {
             Err(_) => {
                 return Err(SendError::Connect(format!("connect timed out after {:?}", self.connect_timeout)))
@@ -130,29 +137,28 @@ impl Members {
         };
         // Tokens are small writes: Nagle would hold each behind the previous one's ACK.
         let _ = tcp.set_nodelay(true);
-        let (sender, conn) = http1::handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|e| SendError::Connect(format!("HTTP handshake: {e}")))?;
-        Ok((sender, Box::pin(conn)))
+        Ok(Conn { tcp, buf: BytesMut::new() })
     }
 
     /// The most recently idle connection to `key` that can still take a request.
-    fn checkout(&self, key: &str) -> Option<Idle> {
+    fn checkout(&self, key: &str) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let list = idle.by_member.get_mut(key)?;
         let now = Instant::now();
         list.retain(|c| now.duration_since(c.since) < IDLE_TIMEOUT);
-        while let Some(mut c) = list.pop() {
-            // Polled without a waker: reads what the member sent meanwhile (a close, typically).
+        while let Some(c) = list.pop() {
+            // Peeked without a waker: an idle connection has nothing to say; a close (or bytes
+            // nobody asked for) means it cannot take a request.
             let mut cx = Context::from_waker(Waker::noop());
-            if c.driver.as_mut().poll(&mut cx).is_pending() && c.sender.is_ready() {
-                return Some(c);
+            let mut one = [0u8; 1];
+            if c.conn.tcp.poll_peek(&mut cx, &mut ReadBuf::new(&mut one)).is_pending() {
+                return Some(c.conn);
             }
         }
         None
     }
 
-    fn checkin(&self, key: String, sender: Sender, driver: Driver) {
+    fn checkin(&self, key: String, conn: Conn) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         if idle.last_sweep.is_none_or(|t| now.duration_since(t) >= IDLE_TIMEOUT) {
@@ -166,7 +172,7 @@ impl Members {
         if list.len() >= MAX_IDLE_PER_MEMBER {
             list.remove(0);
         }
-        list.push(Idle { sender, driver, since: now });
+        list.push(Idle { conn, since: now });
     }
 
     /// Idle connections held now.
@@ -175,119 +181,110 @@ impl Members {
     }
 }
 
-/// An error that says a reused connection was already closed by the member (its keep-alive timer
-/// raced our checkout): refused as not ready, closed before a response, or reset on write.
-fn closed_under_us(e: &hyper::Error) -> bool {
-    use std::error::Error as _;
-    if e.is_canceled() || e.is_incomplete_message() {
-        return true;
+/// Why an exchange gave no response head.
+enum Failure {
+    /// The connection was closed or reset before any byte of an answer: on a reused connection,
+    /// a close that raced the checkout.
+    Closed(String),
+    Other(String),
+}
+
+fn closed_under_us(e: &io::Error) -> bool {
+    use io::ErrorKind::*;
+    matches!(e.kind(), ConnectionReset | ConnectionAborted | BrokenPipe)
+}
+
+/// Write the request and read until its response head has arrived.
+async fn exchange(mut conn: Conn, head: &[u8], body: &[u8]) -> Result<(Head, Conn), Failure> {
+    let mut out = Buf::chain(head, body);
+    if let Err(e) = conn.tcp.write_all_buf(&mut out).await {
+        let why = format!("sending the request: {e}");
+        return Err(if closed_under_us(&e) { Failure::Closed(why) } else { Failure::Other(why) });
     }
-    let mut source = e.source();
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind::*;
-            return matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe);
+    loop {
+        match wire::parse_head(&mut conn.buf) {
+            Ok(Some(h)) => return Ok((h, conn)),
+            Ok(None) => {}
+            Err(e) => return Err(Failure::Other(e.to_string())),
         }
-        source = s.source();
-    }
-    false
-}
-
-fn clone_request(req: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
-    // `Full` holds the whole body as one `Bytes`: cloning it is a reference count.
-    let mut r = Request::new(req.body().clone());
-    *r.method_mut() = req.method().clone();
-    *r.uri_mut() = req.uri().clone();
-    *r.headers_mut() = req.headers().clone();
-    r
-}
-
-/// Send on `sender` while driving `driver`, until the response head arrives. The driver is `None`
-/// afterwards when the connection already ended (its body then ends without it).
-async fn exchange(
-    mut sender: Sender,
-    driver: Driver,
-    req: Request<Full<Bytes>>,
-) -> Result<(Response<Incoming>, Sender, Option<Driver>), hyper::Error> {
-    let mut driver = Some(driver);
-    let mut response = std::pin::pin!(sender.send_request(req));
-    let resp = std::future::poll_fn(|cx| {
-        if let Some(d) = driver.as_mut() {
-            if d.as_mut().poll(cx).is_ready() {
-                // Ended (closed or failed): the request's own future reports why.
-                driver = None;
+        conn.buf.reserve(READ_AHEAD);
+        let nothing_yet = conn.buf.is_empty();
+        match conn.tcp.read_buf(&mut conn.buf).await {
+            Ok(0) if nothing_yet => return Err(Failure::Closed("closed before answering".into())),
+            Ok(0) => return Err(Failure::Other("closed in the middle of the response head".into())),
+            Ok(_) => {}
+            Err(e) if nothing_yet && closed_under_us(&e) => {
+                return Err(Failure::Closed(format!("reading the response: {e}")))
             }
+            Err(e) => return Err(Failure::Other(format!("reading the response: {e}"))),
         }
-        response.as_mut().poll(cx)
-    })
-    .await?;
-    Ok((resp, sender, driver))
+    }
 }
 
-/// A member's response body that drives its connection while it is read, and gives the connection
+/// A member's response body that reads its connection while it is read, and gives the connection
 /// back for reuse once the body has ended.
 pub struct MemberBody {
-    body: Incoming,
-    driver: Option<Driver>,
-    sender: Option<Sender>,
+    /// `None` once the body has ended or failed.
+    conn: Option<Conn>,
+    framing: Framing,
+    reusable: bool,
     pool: std::sync::Weak<Members>,
     key: String,
 }
 
 impl MemberBody {
-    fn release(&mut self, cx: &mut Context<'_>) {
-        let (Some(mut driver), Some(sender)) = (self.driver.take(), self.sender.take()) else { return };
-        // One more poll lets the connection finish the message and become idle.
-        if driver.as_mut().poll(cx).is_ready() {
-            return;
-        }
-        if let Some(pool) = self.pool.upgrade() {
-            pool.checkin(std::mem::take(&mut self.key), sender, driver);
+    fn release(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        // Bytes after the body's end would be an answer to nothing: such a connection is closed.
+        if self.reusable && conn.buf.is_empty() {
+            if let Some(pool) = self.pool.upgrade() {
+                pool.checkin(std::mem::take(&mut self.key), conn);
+            }
         }
     }
 }
 
 impl Stream for MemberBody {
-    type Item = Result<Bytes, hyper::Error>;
+    type Item = Result<Bytes, io::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        let mut driven = false;
         loop {
-            match Pin::new(&mut this.body).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => {
-                        // The last bytes of a body with a length: give the connection back now.
-                        // A server writing a `Content-Length` answer stops polling (and drops the
-                        // body) once the length is written, so the end would never be seen here.
-                        if this.body.is_end_stream() {
-                            this.release(cx);
-                        }
-                        return Poll::Ready(Some(Ok(data)));
+            let Some(conn) = this.conn.as_mut() else { return Poll::Ready(None) };
+            let decoded = match this.framing.decode(&mut conn.buf) {
+                Ok(d) => d,
+                Err(e) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(io::Error::new(io::ErrorKind::InvalidData, e))));
+                }
+            };
+            if decoded.ended {
+                // Given back now, not at the next poll: a server writing a `Content-Length` answer
+                // stops polling (and drops the body) once the length is written.
+                this.release();
+                return Poll::Ready((!decoded.data.is_empty()).then_some(Ok(decoded.data)));
+            }
+            if !decoded.data.is_empty() {
+                return Poll::Ready(Some(Ok(decoded.data)));
+            }
+            conn.buf.reserve(READ_AHEAD);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut conn.tcp), cx, &mut conn.buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) => {
+                    this.conn = None;
+                    if this.framing == Framing::UntilClose {
+                        return Poll::Ready(None);
                     }
-                    // Trailers: nothing a client of the proxy reads.
-                    Err(_) => continue,
-                },
-                Poll::Ready(Some(Err(e))) => {
-                    this.driver = None;
+                    return Poll::Ready(Some(Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the member closed the connection before the body's end",
+                    ))));
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => {
+                    this.conn = None;
                     return Poll::Ready(Some(Err(e)));
                 }
-                Poll::Ready(None) => {
-                    this.release(cx);
-                    return Poll::Ready(None);
-                }
-                Poll::Pending => {}
-            }
-            // Nothing decoded yet: let the connection read and decode, then look again once.
-            match this.driver.as_mut() {
-                Some(d) if !driven => {
-                    driven = true;
-                    if d.as_mut().poll(cx).is_ready() {
-                        // Ended: the body's channel closes with it and reports how.
-                        this.driver = None;
-                    }
-                }
-                _ => return Poll::Pending,
             }
         }
     }
@@ -298,7 +295,6 @@ mod tests {
     use super::*;
     use futures::StreamExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     /// What a test member does with the requests of one connection, by their index on it.
@@ -313,6 +309,10 @@ mod tests {
         ResetsOnSecond,
         /// Streams a chunked body forever, one chunk per 10 ms.
         Endless,
+        /// Answers every request chunked, in pieces of a few bytes (keep-alive).
+        Chunked,
+        /// Answers with two bytes more than its `Content-Length` says.
+        TooLong,
     }
 
     /// A raw HTTP/1.1 member on loopback; returns its address and how many connections it accepted.
@@ -361,6 +361,23 @@ mod tests {
                                 }
                                 break;
                             }
+                            (Member::Chunked, _) => {
+                                let answer: &[&[u8]] = &[
+                                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+                                    b"2\r\nok\r",
+                                    b"\n1;x=y\r\n!\r\n0",
+                                    b"\r\n\r\n",
+                                ];
+                                for piece in answer {
+                                    let _ = tcp.write_all(piece).await;
+                                    let _ = tcp.flush().await;
+                                    tokio::time::sleep(Duration::from_millis(2)).await;
+                                }
+                            }
+                            (Member::TooLong, _) => {
+                                let _ =
+                                    tcp.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokXX").await;
+                            }
                             _ => {
                                 let _ =
                                     tcp.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
@@ -374,11 +391,9 @@ mod tests {
         (addr, accepted, closed)
     }
 
-    fn request(addr: &str) -> (Uri, Request<Full<Bytes>>) {
+    fn request(addr: &str) -> (Uri, HeaderMap, Bytes) {
         let uri: Uri = format!("http://{addr}/v1/chat/completions").parse().expect("uri");
-        let mut req = Request::new(Full::new(Bytes::from_static(b"{}")));
-        *req.method_mut() = axum::http::Method::POST;
-        (uri, req)
+        (uri, HeaderMap::new(), Bytes::from_static(b"{}"))
     }
 
     async fn body_of(resp: Response<MemberBody>) -> Vec<u8> {
@@ -395,8 +410,8 @@ mod tests {
         let (addr, accepted, _) = member(Member::KeepAlive).await;
         let pool = Members::new(Duration::from_secs(1));
         for _ in 0..20 {
-            let (uri, req) = request(&addr);
-            let resp = pool.send(&uri, req).await.expect("response");
+            let (uri, h, req) = request(&addr);
+            let resp = pool.send(&uri, &h, req).await.expect("response");
             assert_eq!(body_of(resp).await, b"ok");
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
@@ -408,8 +423,8 @@ mod tests {
         let (addr, accepted, _) = member(Member::KeepAlive).await;
         let pool = Members::new(Duration::from_secs(1));
         for _ in 0..5 {
-            let (uri, req) = request(&addr);
-            let mut body = pool.send(&uri, req).await.expect("response").into_body();
+            let (uri, h, req) = request(&addr);
+            let mut body = pool.send(&uri, &h, req).await.expect("response").into_body();
             // What hyper's server does with a `Content-Length` answer: read the bytes, drop the body.
             assert_eq!(&body.next().await.expect("a chunk").expect("data")[..], b"ok");
             drop(body);
@@ -423,8 +438,8 @@ mod tests {
             let (addr, accepted, _) = member(kind).await;
             let pool = Members::new(Duration::from_secs(1));
             for _ in 0..5 {
-                let (uri, req) = request(&addr);
-                let resp = pool.send(&uri, req).await.expect("every request answered");
+                let (uri, h, req) = request(&addr);
+                let resp = pool.send(&uri, &h, req).await.expect("every request answered");
                 assert_eq!(body_of(resp).await, b"ok");
             }
             // Each reuse met a close (or reset) and went out again on a new connection.
@@ -436,8 +451,8 @@ mod tests {
     async fn a_body_dropped_before_its_end_closes_the_connection() {
         let (addr, _, closed) = member(Member::Endless).await;
         let pool = Members::new(Duration::from_secs(1));
-        let (uri, req) = request(&addr);
-        let mut body = pool.send(&uri, req).await.expect("response").into_body();
+        let (uri, h, req) = request(&addr);
+        let mut body = pool.send(&uri, &h, req).await.expect("response").into_body();
         assert_eq!(&body.next().await.expect("a chunk").expect("data")[..], b"hello");
         drop(body);
         // The member sees the close (its writes fail) and nothing was kept for reuse.
@@ -450,12 +465,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_chunked_answer_in_pieces_is_decoded_and_its_connection_reused() {
+        let (addr, accepted, _) = member(Member::Chunked).await;
+        let pool = Members::new(Duration::from_secs(1));
+        for _ in 0..5 {
+            let (uri, h, req) = request(&addr);
+            let resp = pool.send(&uri, &h, req).await.expect("response");
+            assert_eq!(body_of(resp).await, b"ok!");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "the end of the chunks frees the connection");
+    }
+
+    #[tokio::test]
+    async fn bytes_past_the_end_of_an_answer_keep_its_connection_from_reuse() {
+        let (addr, accepted, _) = member(Member::TooLong).await;
+        let pool = Members::new(Duration::from_secs(1));
+        for _ in 0..3 {
+            let (uri, h, req) = request(&addr);
+            let resp = pool.send(&uri, &h, req).await.expect("response");
+            // The body is what the length says; the rest would be taken for the next answer.
+            assert_eq!(body_of(resp).await, b"ok");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        assert_eq!(pool.idle_count(), 0);
+    }
+
+    #[tokio::test]
     async fn nothing_listening_is_a_connect_error() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = l.local_addr().expect("addr").to_string();
         drop(l);
         let pool = Members::new(Duration::from_secs(1));
-        let (uri, req) = request(&addr);
-        assert!(matches!(pool.send(&uri, req).await, Err(SendError::Connect(_))));
+        let (uri, h, req) = request(&addr);
+        assert!(matches!(pool.send(&uri, &h, req).await, Err(SendError::Connect(_))));
     }
 }

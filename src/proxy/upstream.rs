@@ -1,10 +1,10 @@
 //! Forwarding one request to one member, with the proxy's timeouts, and streaming the answer back
 //! without buffering.
 //!
-//! Connections are hyper's own (not reqwest), pooled and driven by the request that uses them
-//! ([`super::members`]): the member URIs are built once at load ([`member_uri`]), so a request costs
-//! no URL parsing, headers move across without conversion, and the events of a stream that arrive
-//! together leave together.
+//! Connections are our own (not reqwest's or hyper's client), pooled and driven by the request that
+//! uses them ([`super::members`]): the member URIs are built once at load ([`member_uri`]), so a
+//! request costs no URL parsing, headers move across without conversion, and the events of a stream
+//! that arrive together leave together.
 //!
 //! - connect: the connector's timeout; a refused or timed-out connect is [`ForwardError::Connect`],
 //!   which the caller retries on another member (nothing has reached the client yet).
@@ -24,9 +24,8 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use futures::{Stream, StreamExt};
-use http_body_util::Full;
 use std::future::Future as _;
 use std::sync::Arc;
 
@@ -116,22 +115,19 @@ impl Upstream {
 
     /// POST `body` to `uri` and wait for the first body chunk.
     pub async fn send(&self, uri: &Uri, headers: &HeaderMap, body: Bytes) -> Result<Started, ForwardError> {
-        let mut req = Request::new(Full::new(body));
-        *req.method_mut() = Method::POST;
-        let out = req.headers_mut();
-        out.reserve(headers.len());
+        let mut out = HeaderMap::with_capacity(headers.len());
         for (k, v) in headers {
-            // The body may have been rewritten (model split): hyper sets the length from it.
+            // The body may have been rewritten (model split): the length is set from it.
             if !is_hop_by_hop(k) && k != header::CONTENT_LENGTH {
                 out.append(k.clone(), v.clone());
             }
         }
         let deadline = tokio::time::Instant::now() + self.timeouts.first_byte;
-        let resp = match tokio::time::timeout_at(deadline, self.members.send(uri, req)).await {
+        let resp = match tokio::time::timeout_at(deadline, self.members.send(uri, &out, body)).await {
             Err(_) => return Err(ForwardError::FirstByteTimeout(self.timeouts.first_byte)),
             Ok(Err(SendError::Connect(e))) => return Err(ForwardError::Connect(e)),
             Ok(Err(SendError::Failed(e))) => {
-                return Err(ForwardError::Broken(format!("request failed: {}", error_chain(&e))))
+                return Err(ForwardError::Broken(format!("request failed: {e}")))
             }
             Ok(Ok(r)) => r,
         };
