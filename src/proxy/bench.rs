@@ -1,9 +1,13 @@
 //! `proxy bench`: the proxy's overhead, measured side by side with real HAProxy in the same run.
 //!
-//! Starts a fast in-process backend answering streamed chat completions (`--tokens` SSE events of
-//! vLLM's shape, one write each with no delay between them), then the proxy (this binary, `proxy --config ...`, as its
-//! own process) and HAProxy (`$HAPROXY_BIN`, `/usr/sbin/haproxy` or `haproxy` on PATH) both
-//! forwarding to it, on free loopback ports with generated configs in a temp dir.
+//! Starts a fast backend answering streamed chat completions (`--tokens` SSE events of vLLM's
+//! shape, one write each with no delay between them; this binary, `proxy bench --backend-listen`),
+//! then the proxy (this binary, `proxy --config ...`) and HAProxy (`$HAPROXY_BIN`,
+//! `/usr/sbin/haproxy` or `haproxy` on PATH) both forwarding to it, each its own process, on free
+//! loopback ports with generated configs in a temp dir. The load generator is the only thing left
+//! in the bench's own process: when the backend shared its runtime, the client's reads and the
+//! backend's writes took turns in one run queue, and the measured tail of a target depended on how
+//! its write pattern fell into those turns (src/proxy/RESULTS.md, "The backend in its own process").
 //!
 //! Targets are interleaved, not run one after another: for each concurrency level the load
 //! generator sends small batches (`--batch` requests, at least four per concurrent slot) to
@@ -44,6 +48,9 @@ pub struct BenchArgs {
     /// Also write the results as Markdown to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Serve only the backend on this address (what the bench starts as its own process).
+    #[arg(long, hide = true)]
+    pub backend_listen: Option<SocketAddr>,
 }
 
 const BODY: &str =
@@ -194,18 +201,12 @@ fn summarize(name: &'static str, concurrency: usize, results: &[Option<f64>], bu
     }
 }
 
-/// Run the benchmark and print (and optionally write) the table.
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let dir = TempDir::new()?;
-    anyhow::ensure!(
-        !args.concurrency.is_empty() && args.concurrency.iter().all(|&c| c > 0),
-        "--concurrency needs levels > 0"
-    );
-
-    // Backend: every chat completion is `tokens` SSE events and [DONE], sent as fast as possible.
-    let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let backend_addr: SocketAddr = backend.local_addr()?;
-    let events: Vec<Bytes> = (0..args.tokens)
+/// The backend alone, on `addr`, until the process is stopped: every chat completion is `tokens`
+/// SSE events and [DONE], sent as fast as possible.
+async fn serve_backend(addr: SocketAddr, tokens: usize) -> anyhow::Result<()> {
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+    let events: Vec<Bytes> = (0..tokens)
         .map(|i| Bytes::from(event(i)))
         .chain(std::iter::once(Bytes::from_static(b"data: [DONE]\n\n")))
         .collect();
@@ -225,12 +226,40 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }),
     );
     // TCP_NODELAY like vLLM's uvicorn: without it Nagle and delayed ACKs add ~40 ms per stream.
-    let backend = axum::serve::ListenerExt::tap_io(backend, |tcp| {
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    let backend_task = tokio::spawn(async move {
-        let _ = axum::serve(backend, app).await;
-    });
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+/// Run the benchmark and print (and optionally write) the table.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(addr) = args.backend_listen {
+        return serve_backend(addr, args.tokens).await;
+    }
+    let dir = TempDir::new()?;
+    anyhow::ensure!(
+        !args.concurrency.is_empty() && args.concurrency.iter().all(|&c| c > 0),
+        "--concurrency needs levels > 0"
+    );
+
+    // The backend, as its own process: a model server is not the client's neighbour in its runtime.
+    let bport = free_port()?;
+    let backend_addr: SocketAddr = ([127, 0, 0, 1], bport).into();
+    let exe = std::env::current_exe().context("cannot find this program's path")?;
+    let backend = Kill(
+        Command::new(&exe)
+            .args(["proxy", "bench", "--backend-listen"])
+            .arg(backend_addr.to_string())
+            .arg("--tokens")
+            .arg(args.tokens.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("cannot start {} proxy bench --backend-listen", exe.display()))?,
+    );
+    wait_port(bport, "the backend").await?;
 
     // The proxy, as its own process like HAProxy.
     let (pport, aport, hport) = (free_port()?, free_port()?, free_port()?);
@@ -241,7 +270,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             "# proxy config\nlisten: 127.0.0.1:{pport}\nadmin: {{ listen: 127.0.0.1:{aport} }}\npools:\n  - name: bench\n    members: ['{backend_addr}']\nroutes:\n  steps:\n    - id: model\n      field: model\n      op: exists\n      match: {{ pool: bench }}\n      miss: {{ reject: 400 }}\n"
         ),
     )?;
-    let exe = std::env::current_exe().context("cannot find this program's path")?;
     let proxy = Kill(
         Command::new(&exe)
             .args(["proxy", "--config"])
@@ -319,7 +347,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     drop(proxy);
     drop(haproxy);
-    backend_task.abort();
+    drop(backend);
 
     let text = report(&results, &args);
     print!("{text}");
@@ -404,7 +432,14 @@ mod tests {
     fn report_has_one_table_per_level_with_added_latency_and_rate_share() {
         let m =
             |name, c, p99, rps| Measured { name, concurrency: c, p50_ms: 1.0, p99_ms: p99, rps, errors: 0 };
-        let args = BenchArgs { requests: 10, concurrency: vec![1, 16], tokens: 200, batch: 100, out: None };
+        let args = BenchArgs {
+            requests: 10,
+            concurrency: vec![1, 16],
+            tokens: 200,
+            batch: 100,
+            out: None,
+            backend_listen: None,
+        };
         let r = report(
             &[
                 m("direct", 1, 2.0, 100.0),
