@@ -396,6 +396,19 @@ mod tests {
         (uri, HeaderMap::new(), Bytes::from_static(b"{}"))
     }
 
+    /// Send `n` requests one after another to a new member of `kind` and check each answer's body;
+    /// the pool and how many connections the member accepted.
+    async fn answers(kind: Member, n: usize, expected: &[u8]) -> (Arc<Members>, usize) {
+        let (addr, accepted, _) = member(kind).await;
+        let pool = Members::new(Duration::from_secs(1));
+        for i in 0..n {
+            let (uri, h, req) = request(&addr);
+            let resp = pool.send(&uri, &h, req).await.unwrap_or_else(|e| panic!("request {i}: {e:?}"));
+            assert_eq!(body_of(resp).await, expected, "request {i}");
+        }
+        (pool, accepted.load(Ordering::SeqCst))
+    }
+
     async fn body_of(resp: Response<MemberBody>) -> Vec<u8> {
         let mut body = resp.into_body();
         let mut out = Vec::new();
@@ -407,14 +420,8 @@ mod tests {
 
     #[tokio::test]
     async fn sequential_requests_reuse_one_connection() {
-        let (addr, accepted, _) = member(Member::KeepAlive).await;
-        let pool = Members::new(Duration::from_secs(1));
-        for _ in 0..20 {
-            let (uri, h, req) = request(&addr);
-            let resp = pool.send(&uri, &h, req).await.expect("response");
-            assert_eq!(body_of(resp).await, b"ok");
-        }
-        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        let (pool, accepted) = answers(Member::KeepAlive, 20, b"ok").await;
+        assert_eq!(accepted, 1);
         assert_eq!(pool.idle_count(), 1);
     }
 
@@ -435,15 +442,10 @@ mod tests {
     #[tokio::test]
     async fn a_connection_the_member_closed_is_replaced_without_failing_the_request() {
         for kind in [Member::ClosesOnSecond, Member::ResetsOnSecond] {
-            let (addr, accepted, _) = member(kind).await;
-            let pool = Members::new(Duration::from_secs(1));
-            for _ in 0..5 {
-                let (uri, h, req) = request(&addr);
-                let resp = pool.send(&uri, &h, req).await.expect("every request answered");
-                assert_eq!(body_of(resp).await, b"ok");
-            }
-            // Each reuse met a close (or reset) and went out again on a new connection.
-            assert_eq!(accepted.load(Ordering::SeqCst), 5);
+            // Every request answered; each reuse met a close (or reset) and went out again on a
+            // new connection.
+            let (_, accepted) = answers(kind, 5, b"ok").await;
+            assert_eq!(accepted, 5);
         }
     }
 
@@ -466,27 +468,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_chunked_answer_in_pieces_is_decoded_and_its_connection_reused() {
-        let (addr, accepted, _) = member(Member::Chunked).await;
-        let pool = Members::new(Duration::from_secs(1));
-        for _ in 0..5 {
-            let (uri, h, req) = request(&addr);
-            let resp = pool.send(&uri, &h, req).await.expect("response");
-            assert_eq!(body_of(resp).await, b"ok!");
-        }
-        assert_eq!(accepted.load(Ordering::SeqCst), 1, "the end of the chunks frees the connection");
+        let (_, accepted) = answers(Member::Chunked, 5, b"ok!").await;
+        assert_eq!(accepted, 1, "the end of the chunks frees the connection");
     }
 
     #[tokio::test]
     async fn bytes_past_the_end_of_an_answer_keep_its_connection_from_reuse() {
-        let (addr, accepted, _) = member(Member::TooLong).await;
-        let pool = Members::new(Duration::from_secs(1));
-        for _ in 0..3 {
-            let (uri, h, req) = request(&addr);
-            let resp = pool.send(&uri, &h, req).await.expect("response");
-            // The body is what the length says; the rest would be taken for the next answer.
-            assert_eq!(body_of(resp).await, b"ok");
-        }
-        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+        // The body is what the length says; the rest would be taken for the next answer.
+        let (pool, accepted) = answers(Member::TooLong, 3, b"ok").await;
+        assert_eq!(accepted, 3);
         assert_eq!(pool.idle_count(), 0);
     }
 
