@@ -148,9 +148,26 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    #[cfg(feature = "tools")]
+    if let Command::Proxy(args) = &cli.command {
+        if args.serves() {
+            llm_lc_proxy::tune_runtime(&mut runtime);
+        }
+    }
+    match runtime.build() {
+        Ok(runtime) => runtime.block_on(command(cli)),
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn command(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Check { config, offline } => check(&config, offline).await,
         Command::Run(args) => run(args).await,
