@@ -24,7 +24,7 @@ use crate::cycle::{Cycle, CycleSettings, Decision, PushOutcome, PushResult, Samp
 use crate::policy::PoolPolicy;
 use crate::report::{now_rfc3339, CycleReport, MemberReport, PoolReport};
 use crate::source::{FailureReason, Join, PoolQuery, Snapshot, Source, SourceError};
-use crate::telemetry::{labels, Telemetry};
+use crate::telemetry::{labels, PoolCounter, Telemetry};
 
 /// How long a read of the load balancer may take while probing whether it answers again.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -477,13 +477,12 @@ impl PoolRuntime {
         if let Ok(snap) = &snap {
             self.member_health(snap, telemetry);
             for r in &snap.rejected {
-                m.samples_rejected
-                    .get_or_create(&labels(&[
-                        ("pool", &pool),
-                        ("signal", r.signal.as_str()),
-                        ("reason", r.reason),
-                    ]))
-                    .inc();
+                m.pool_counter(
+                    PoolCounter::SamplesRejected,
+                    &pool,
+                    &[("signal", r.signal.as_str()), ("reason", r.reason)],
+                )
+                .inc();
                 tracing::debug!(pool = %pool, member = %r.member, signal = r.signal.as_str(), value = r.value, reason = r.reason, "sample rejected");
             }
         }
@@ -627,8 +626,11 @@ impl PoolRuntime {
         };
         let now = Instant::now();
         for inst in self.sink.instances() {
-            let l = labels(&[("pool", &pool), ("sink", kind), ("instance", &inst.address)]);
-            telemetry.metrics.sink_instance_ok.get_or_create(&l).set(if inst.ok { 1.0 } else { 0.0 });
+            telemetry.metrics.sink_instance_ok(&pool, kind, &inst.address).set(if inst.ok {
+                1.0
+            } else {
+                0.0
+            });
         }
         match result {
             Ok(applied) => {
@@ -645,8 +647,7 @@ impl PoolRuntime {
                 if applied.changed > 0 && !self.sink.kind().eq("dry-run") {
                     telemetry
                         .metrics
-                        .sink_writes
-                        .get_or_create(&labels(&[("pool", &pool), ("sink", kind)]))
+                        .pool_counter(PoolCounter::SinkWrites, &pool, &[("sink", kind)])
                         .inc_by(applied.changed as u64);
                 }
                 let outcome = self.cycle.pushed(PushResult::Applied { changed: applied.changed }, now);
@@ -673,8 +674,7 @@ impl PoolRuntime {
 fn count_push(telemetry: &Telemetry, pool: &str, sink: &str, outcome: PushOutcome) {
     telemetry
         .metrics
-        .pushes
-        .get_or_create(&labels(&[("pool", pool), ("sink", sink), ("outcome", outcome.as_str())]))
+        .pool_counter(PoolCounter::Pushes, pool, &[("sink", sink), ("outcome", outcome.as_str())])
         .inc();
 }
 

@@ -268,16 +268,7 @@ fn forget_gone(telemetry: &Telemetry, before: &CycleReport, after: &CycleReport)
             }
         }
         if kept.is_none() {
-            let l = labels(&[("pool", &p.pool)]);
-            for f in
-                [&m.pool_saturation, &m.pool_fresh_members, &m.pool_up, &m.pool_active_tiers, &m.pool_members]
-            {
-                f.remove(&l);
-            }
-            // Refused names are counted per pool, without a member label, so no member's
-            // forgetting reaches them.
-            let reason = crate::source::FailureReason::InvalidName.as_str();
-            m.member_errors.remove(&labels(&[("pool", &p.pool), ("reason", reason)]));
+            m.forget_pool(&p.pool);
         }
     }
 }
@@ -363,14 +354,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pool_the_new_config_drops_loses_its_pool_series_and_its_refused_name_count() {
+    fn a_pool_the_new_config_drops_loses_all_its_series() {
         use crate::report::PoolReport;
+        use crate::telemetry::PoolCounter;
         let t = Telemetry::new(Duration::from_secs(1), 3);
         let m = &t.metrics;
         for pool in ["kept", "gone"] {
             m.pool_up.get_or_create(&labels(&[("pool", pool)])).set(1.0);
             m.pool_members.get_or_create(&labels(&[("pool", pool)])).set(2.0);
             m.member_errors.get_or_create(&labels(&[("pool", pool), ("reason", "invalid_name")])).inc();
+            // The series whose other labels only the cycles that set them know.
+            m.pool_counter(PoolCounter::Pushes, pool, &[("sink", "haproxy"), ("outcome", "pushed")]).inc();
+            m.pool_counter(PoolCounter::Pushes, pool, &[("sink", "haproxy"), ("outcome", "error")]).inc();
+            m.pool_counter(PoolCounter::SinkWrites, pool, &[("sink", "haproxy")]).inc_by(3);
+            m.pool_counter(PoolCounter::SamplesRejected, pool, &[("signal", "kv_usage"), ("reason", "nan")])
+                .inc();
+            m.sink_instance_ok(pool, "haproxy", "127.0.0.1:9999").set(1.0);
+            m.sink_instance_ok(pool, "haproxy", "127.0.0.2:9999").set(0.0);
         }
         let report = |pools: &[&str]| CycleReport {
             ts: String::new(),
@@ -380,7 +380,15 @@ mod tests {
         let page = m.encode();
         let lines = |pool: &str| page.lines().filter(|l| l.contains(&format!("pool=\"{pool}\""))).count();
         assert_eq!(lines("gone"), 0, "{page}");
-        assert_eq!(lines("kept"), 3, "{page}");
+        // pool_up, pool_members, member_errors, 2 pushes, sink_writes, samples_rejected, 2 instances.
+        assert_eq!(lines("kept"), 9, "{page}");
+        // The kept pool's handles still count into the page after the other pool went.
+        m.pool_counter(PoolCounter::SinkWrites, "kept", &[("sink", "haproxy")]).inc();
+        assert!(
+            m.encode().contains("llmlc_sink_writes_total{pool=\"kept\",sink=\"haproxy\"} 4"),
+            "{}",
+            m.encode()
+        );
     }
 
     #[test]

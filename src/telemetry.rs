@@ -7,6 +7,7 @@
 //! computed ratios from fresh data, unready again when no such cycle happened within
 //! `unready_after_cycles` intervals.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -61,11 +62,15 @@ pub struct Metrics {
     pub cycle_duration: Histogram,
     pub cycles: FCounter,
     pub source_errors: FCounter,
-    pub samples_rejected: FCounter,
-    pub pushes: FCounter,
+    // Per-pool series with labels besides `pool` (sink, instance, signal, outcome) that nothing
+    // can list when a pool goes: reached only through [`Metrics::pool_counter`] and
+    // [`Metrics::sink_instance_ok`], which note each label set so [`Metrics::forget_pool`] can drop it.
+    samples_rejected: FCounter,
+    pushes: FCounter,
     /// Member ratios written on load balancers, by pool and sink (each is a config change on BIG-IP).
-    pub sink_writes: FCounter,
-    pub sink_instance_ok: FGauge,
+    sink_writes: FCounter,
+    sink_instance_ok: FGauge,
+    noted: Mutex<HashMap<String, HashSet<(Noted, Labels)>>>,
     /// Members of the pool the controller knows (next to `pool_fresh_members`).
     pub pool_members: FGauge,
     /// Members that could not be read, by pool, member and a bounded reason.
@@ -77,6 +82,23 @@ pub struct Metrics {
     pub config_reloads: FCounter,
     /// 1 when the last config file change was applied (or none happened), 0 when it was rejected.
     pub config_last_reload_successful: Gauge,
+}
+
+/// The per-pool counters with labels besides `pool`, reached through [`Metrics::pool_counter`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PoolCounter {
+    /// `llmlc_samples_rejected` (signal, reason).
+    SamplesRejected,
+    /// `llmlc_pushes` (sink, outcome).
+    Pushes,
+    /// `llmlc_sink_writes` (sink).
+    SinkWrites,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Noted {
+    Counter(PoolCounter),
+    InstanceOk,
 }
 
 impl Metrics {
@@ -235,6 +257,60 @@ impl Metrics {
             leader,
             config_reloads,
             config_last_reload_successful,
+            noted: Mutex::default(),
+        }
+    }
+
+    /// The counter `which` of `pool` with the `rest` of its labels, noted for [`Metrics::forget_pool`].
+    pub fn pool_counter(&self, which: PoolCounter, pool: &str, rest: &[(&str, &str)]) -> Counter {
+        let l = self.note(Noted::Counter(which), pool, rest);
+        let family = match which {
+            PoolCounter::SamplesRejected => &self.samples_rejected,
+            PoolCounter::Pushes => &self.pushes,
+            PoolCounter::SinkWrites => &self.sink_writes,
+        };
+        family.get_or_create(&l).clone()
+    }
+
+    /// `llmlc_sink_instance_ok` of one load-balancer instance of `pool`'s sink.
+    pub fn sink_instance_ok(&self, pool: &str, sink: &str, instance: &str) -> Gauge<f64, AtomicU64> {
+        let l = self.note(Noted::InstanceOk, pool, &[("sink", sink), ("instance", instance)]);
+        self.sink_instance_ok.get_or_create(&l).clone()
+    }
+
+    fn note(&self, which: Noted, pool: &str, rest: &[(&str, &str)]) -> Labels {
+        let l = labels(&[&[("pool", pool)], rest].concat());
+        let mut noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
+        noted.entry(pool.to_string()).or_default().insert((which, l.clone()));
+        l
+    }
+
+    /// Forget every series of a pool the config no longer has: its pool gauges, the count of
+    /// refused member names, and every noted series (push outcomes, writes, instance health,
+    /// rejected samples). Its members' series go through [`Metrics::forget_member`].
+    pub fn forget_pool(&self, pool: &str) {
+        let l = labels(&[("pool", pool)]);
+        for f in [
+            &self.pool_saturation,
+            &self.pool_fresh_members,
+            &self.pool_up,
+            &self.pool_active_tiers,
+            &self.pool_members,
+        ] {
+            f.remove(&l);
+        }
+        // Refused names are counted per pool, without a member label, so no member's forgetting
+        // reaches them.
+        let reason = crate::source::FailureReason::InvalidName.as_str();
+        self.member_errors.remove(&labels(&[("pool", pool), ("reason", reason)]));
+        let noted = self.noted.lock().unwrap_or_else(|p| p.into_inner()).remove(pool).unwrap_or_default();
+        for (which, l) in noted {
+            match which {
+                Noted::Counter(PoolCounter::SamplesRejected) => self.samples_rejected.remove(&l),
+                Noted::Counter(PoolCounter::Pushes) => self.pushes.remove(&l),
+                Noted::Counter(PoolCounter::SinkWrites) => self.sink_writes.remove(&l),
+                Noted::InstanceOk => self.sink_instance_ok.remove(&l),
+            };
         }
     }
 
