@@ -625,13 +625,13 @@ impl PoolRuntime {
             }),
         };
         let now = Instant::now();
-        for inst in self.sink.instances() {
-            telemetry.metrics.sink_instance_ok(&pool, kind, &inst.address).set(if inst.ok {
-                1.0
-            } else {
-                0.0
-            });
+        let instances = self.sink.instances();
+        for inst in &instances {
+            let ok = if inst.ok { 1.0 } else { 0.0 };
+            telemetry.metrics.sink_instance_ok(&pool, kind, &inst.address).set(ok);
         }
+        let addresses: Vec<&str> = instances.iter().map(|i| i.address.as_str()).collect();
+        telemetry.metrics.retain_sink_instances(&pool, kind, &addresses);
         match result {
             Ok(applied) => {
                 // Reconciling sinks report the same warnings every cycle, and some only the first

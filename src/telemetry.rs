@@ -278,6 +278,24 @@ impl Metrics {
         self.sink_instance_ok.get_or_create(&l).clone()
     }
 
+    /// Drop `pool`'s instance-health series other than `sink`'s `instances` (an instance left the
+    /// sink's list, or the pool changed sink on a reload): an instance no longer pushed to would
+    /// otherwise keep its last 0 or 1, and an alert on 0 would fire for it forever.
+    pub fn retain_sink_instances(&self, pool: &str, sink: &str, instances: &[&str]) {
+        let wanted: HashSet<Labels> =
+            instances.iter().map(|i| labels(&[("pool", pool), ("sink", sink), ("instance", i)])).collect();
+        let mut noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(set) = noted.get_mut(pool) {
+            set.retain(|(which, l)| {
+                let keep = *which != Noted::InstanceOk || wanted.contains(l);
+                if !keep {
+                    self.sink_instance_ok.remove(l);
+                }
+                keep
+            });
+        }
+    }
+
     fn note(&self, which: Noted, pool: &str, rest: &[(&str, &str)]) -> Labels {
         let l = labels(&[&[("pool", pool)], rest].concat());
         let mut noted = self.noted.lock().unwrap_or_else(|p| p.into_inner());
@@ -556,5 +574,38 @@ mod note_tests {
         let (_, why) = t.readiness();
         assert!(!why.chars().any(char::is_control), "{why:?}");
         assert!(why.contains("pod-a\\r\\u{1b}[2Jforged\\nready"), "{why}");
+    }
+}
+
+#[cfg(test)]
+mod series_tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_that_left_the_sink_loses_its_health_series() {
+        let t = Telemetry::new(Duration::from_secs(1), 3);
+        let m = &t.metrics;
+        let series = |m: &Metrics| -> Vec<String> {
+            m.encode()
+                .lines()
+                .filter(|l| l.starts_with("llmlc_sink_instance_ok{"))
+                .map(str::to_string)
+                .collect()
+        };
+        for i in ["10.0.0.1:9999", "10.0.0.2:9999"] {
+            m.sink_instance_ok("p", "haproxy", i).set(0.0);
+            m.sink_instance_ok("q", "haproxy", i).set(1.0);
+        }
+        m.retain_sink_instances("p", "haproxy", &["10.0.0.1:9999"]);
+        let left = series(m);
+        assert_eq!(left.len(), 3, "{left:?}");
+        assert!(!left.iter().any(|l| l.contains("pool=\"p\"") && l.contains("10.0.0.2")), "{left:?}");
+        // The pool moved to another sink: none of the old sink's instances stay.
+        m.retain_sink_instances("p", "bigip", &[]);
+        assert!(series(m).iter().all(|l| l.contains("pool=\"q\"")), "{:?}", series(m));
+        // A series set again after being dropped is noted again.
+        m.sink_instance_ok("p", "haproxy", "10.0.0.2:9999").set(1.0);
+        m.forget_pool("p");
+        assert_eq!(series(m).len(), 2, "{:?}", series(m));
     }
 }
