@@ -76,10 +76,10 @@ impl ProxyArgs {
 /// The proxy's tasks are short: one read from a member, one write to a client. With 61 of them
 /// between two polls of the sockets, a stream whose member has sent its next event waits behind a
 /// whole queue of others when the machine is saturated, and that wait is what shows in the p99 at
-/// 64 streams. Measured against the default in the same runs (src/proxy/RESULTS.md, "How often the
-/// proxy looks at its sockets"): 8 moved the p99 against HAProxy's by a median of about -7 ms at
-/// concurrency 64 and changed nothing at 1 and 16; 2 was worse than the default (the polls
-/// themselves cost), 4 and 16 in between.
+/// 64 streams. Measured against the default in the same runs (src/proxy/RESULTS.md, "Who ran
+/// before, and how often the proxy looks at its sockets"): 8 moved the p99 by a median of -6.8 ms
+/// at concurrency 64 (five paired runs) and changed nothing at 1 and 16; 2 was worse than the
+/// default (the polls themselves cost), 4 and 16 in between.
 pub const EVENT_INTERVAL: u32 = 8;
 
 /// Set the runtime up for serving: [`EVENT_INTERVAL`]. The rest stays tokio's default (one worker
