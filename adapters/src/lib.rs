@@ -22,4 +22,4 @@ pub use error::SinkError;
 pub use member_map::{Aligned, MemberMap};
 pub use name::InvalidName;
 pub use sink::{build_sink, Applied, InstanceStatus, RatioSink, SinkConfig, SinkContext};
-pub use types::{MemberId, Ratios, SecretRef};
+pub use types::{MemberId, Ratios, SecretRef, MAX_RATIO};

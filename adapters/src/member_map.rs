@@ -253,9 +253,32 @@ impl<V: Serialize> Serialize for MemberMap<V> {
     }
 }
 
+/// A member named twice is refused, not resolved by "last wins": JSON parsers disagree on which
+/// of two equal keys counts, so a map with both could mean one thing here and another to whoever
+/// else reads it. The member is named shortened ([`crate::name::shorten`]): it is outside text.
 impl<'de, V: Deserialize<'de>> Deserialize<'de> for MemberMap<V> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        BTreeMap::<MemberId, V>::deserialize(d).map(|m| MemberMap(m.into_iter().collect()))
+        struct Visit<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Visit<V> {
+            type Value = MemberMap<V>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map from member to value, each member once")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+                let mut m = BTreeMap::<MemberId, V>::new();
+                while let Some((k, v)) = a.next_entry::<MemberId, V>()? {
+                    if m.contains_key(&k) {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "member {} appears twice",
+                            crate::name::shorten(k.as_str())
+                        )));
+                    }
+                    m.insert(k, v);
+                }
+                Ok(MemberMap(m.into_iter().collect()))
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
     }
 }
 
@@ -265,6 +288,15 @@ mod tests {
 
     fn ids(s: &[&str]) -> Vec<MemberId> {
         s.iter().map(|m| MemberId::from(*m)).collect()
+    }
+
+    #[test]
+    fn a_member_named_twice_in_input_is_refused() {
+        let twice: Result<MemberMap<u32>, _> = serde_json::from_str(r#"{"a:1": 1, "b:1": 2, "a:1": 3}"#);
+        let err = twice.expect_err("refused").to_string();
+        assert!(err.contains("member a:1 appears twice"), "{err}");
+        let once: MemberMap<u32> = serde_json::from_str(r#"{"b:1": 2, "a:1": 3}"#).expect("reads");
+        assert_eq!(once.iter().map(|(k, v)| (k.as_str(), *v)).collect::<Vec<_>>(), [("a:1", 3), ("b:1", 2)]);
     }
 
     #[test]

@@ -156,9 +156,44 @@ pub fn escape_controls(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Longest stretch of outside text shown in a log record or an answer by [`shorten`]: a valid
+/// member name is never cut.
+pub const SHOWN_LEN: usize = MAX_LEN;
+
+/// Outside text to show in a log record or an answer: its first [`SHOWN_LEN`] characters, escaped
+/// like [`escape_name`], with the length of the whole said after a cut. A megabyte-long name
+/// costs a few hundred bytes of log, not a megabyte, and still reads as itself.
+pub fn shorten(s: &str) -> Cow<'_, str> {
+    cut(s, escape_name)
+}
+
+/// As [`shorten`] for free text (a message, a type URL): control characters escaped like
+/// [`escape_controls`], the rest kept.
+pub fn shorten_text(s: &str) -> Cow<'_, str> {
+    cut(s, escape_controls)
+}
+
+fn cut(s: &str, escape: fn(&str) -> Cow<'_, str>) -> Cow<'_, str> {
+    // Cut before escaping: the work is bounded by the cut, not by what was sent.
+    match s.char_indices().nth(SHOWN_LEN) {
+        None => escape(s),
+        Some((at, _)) => Cow::Owned(format!("{}...({} bytes in all)", escape(&s[..at]), s.len())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shortened_text_is_bounded_and_says_how_long_it_was() {
+        assert_eq!(shorten("10.0.0.1:80"), "10.0.0.1:80");
+        let long = "a".repeat(1 << 20);
+        let shown = shorten(&long);
+        assert!(shown.len() < 2 * SHOWN_LEN, "{}", shown.len());
+        assert!(shown.ends_with("...(1048576 bytes in all)"), "{shown}");
+        assert_eq!(shorten("x\ny"), "x\\ny", "escaped like escape_name");
+    }
 
     #[test]
     fn host_ports_and_lb_names_pass() {

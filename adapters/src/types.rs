@@ -95,11 +95,12 @@ impl MemberId {
     }
 }
 
-// Shown escaped: a valid id is its own text, and an id that skipped the check (built with `new`)
-// still prints as one token in logs, tables and messages.
+// Shown escaped and bounded: a valid id is its own text, and an id that skipped the check (built
+// with `new`, or read from outside) still prints as one token of at most a few hundred bytes in
+// logs, tables and messages.
 impl fmt::Display for MemberId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&crate::name::escape_name(&self.0))
+        f.write_str(&crate::name::shorten(&self.0))
     }
 }
 
@@ -114,6 +115,12 @@ impl From<String> for MemberId {
         MemberId::new(s)
     }
 }
+
+/// The largest ratio anything in the product accepts: BIG-IP's own upper bound for a pool member's
+/// `ratio`, above every load balancer's useful range (HAProxy's weights stop at 256 and are scaled
+/// to it). A pool's `ratio.max`, the proxy's ratio intake and its hash ring are bounded by it, so
+/// no number from outside can size a structure.
+pub const MAX_RATIO: u32 = 65_535;
 
 /// One integer ratio per member of a pool, in member order, so output and pushes are deterministic.
 /// Serialized as a map (`{"id": ratio}`).

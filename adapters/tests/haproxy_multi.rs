@@ -92,3 +92,29 @@ async fn all_instances_down_is_an_error() {
     assert!(sink.instance_outcomes().iter().all(|o| !o.ok));
     assert!(sink.members().await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_three_instances_and_two_down_the_warnings_count_one_weighted() {
+    let (pa, pb) = (free_port(), free_port());
+    let body = format!(
+        "backend be\n    balance roundrobin\n    server s1 127.0.0.1:{pa}\n    server s2 127.0.0.1:{pb}\n"
+    );
+    let one = Haproxy::start(&standard_config(&body)).await;
+    let mut two = Haproxy::start(&standard_config(&body)).await;
+    let mut three = Haproxy::start(&standard_config(&body)).await;
+    let cfg: HaproxyConfig = serde_json::from_value(serde_json::json!({
+        "addresses": [one.runtime_address(), two.runtime_address(), three.runtime_address()],
+        "backend": "be",
+        "timeout": "500ms",
+    }))
+    .expect("config");
+    let sink = HaproxySink::new(&cfg, "pool").expect("sink");
+    two.stop().await;
+    three.stop().await;
+    let a = format!("127.0.0.1:{pa}");
+    let applied = sink.apply(&ratios(&[(&a, 60)])).await.expect("one instance suffices");
+    assert_eq!(applied.warnings.len(), 2, "{:?}", applied.warnings);
+    for w in &applied.warnings {
+        assert!(w.contains("(1 of 3 instances were)"), "{w}");
+    }
+}

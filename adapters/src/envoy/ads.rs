@@ -34,7 +34,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::registry::{Discovery, EdsRegistry};
+use super::registry::{self, Discovery, EdsRegistry};
 use super::wire::{self, CLA_TYPE_URL};
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -105,7 +105,7 @@ impl EndpointDiscoveryService for XdsService {
         req: Request<DiscoveryRequest>,
     ) -> Result<Response<DiscoveryResponse>, Status> {
         let req = to_wire(&req.into_inner());
-        match self.eds.discover(&req) {
+        match self.eds.discover(&req).map_err(|e| Status::invalid_argument(e.to_string()))? {
             Discovery::Response(r) => Ok(Response::new(to_proto(&r, String::new()))),
             Discovery::NotModified => Ok(Response::new(DiscoveryResponse {
                 version_info: req.version_info,
@@ -146,12 +146,13 @@ async fn run_stream(
                     }
                 };
                 if let Some(n) = &req.node {
-                    node_id = n.id.clone();
+                    // Outside text kept for the stream's life: bounded.
+                    node_id = crate::name::shorten(&n.id).into_owned();
                 }
                 let node = node_id.as_str();
                 if req.type_url != CLA_TYPE_URL {
                     if !warned_other_type {
-                        tracing::warn!(node, type_url = %req.type_url,
+                        tracing::warn!(node, type_url = %crate::name::shorten_text(&req.type_url),
                             "Envoy asked the controller for a resource type it does not serve; \
                              only endpoints (EDS) come from the controller");
                         warned_other_type = true;
@@ -168,14 +169,24 @@ async fn run_stream(
                     continue;
                 }
                 if let Some(err) = &req.error_detail {
-                    tracing::warn!(node, nonce = %req.response_nonce, message = %err.message,
-                        "Envoy rejected an endpoint update; it keeps version {}", req.version_info);
+                    tracing::warn!(node, nonce = %crate::name::shorten_text(&req.response_nonce),
+                        message = %crate::name::shorten_text(&err.message),
+                        "Envoy rejected an endpoint update; it keeps version {}",
+                        crate::name::shorten_text(&req.version_info));
                 }
                 if first {
                     // A reconnecting Envoy says what it already holds: no need to send it again.
                     held = req.version_info.clone();
                 }
-                names = Some(req.resource_names.clone());
+                // Each cluster once, whatever the request repeats; a list no Envoy sends is refused.
+                match registry::distinct_names(&req.resource_names) {
+                    Ok(distinct) => names = Some(distinct.into_iter().map(str::to_string).collect()),
+                    Err(e) => {
+                        // The stream ends either way; whether Envoy still reads the reason is its own.
+                        let _ = tx.send(Err(Status::invalid_argument(e.to_string()))).await;
+                        break;
+                    }
+                }
             }
             changed = changes.changed() => {
                 if changed.is_err() {

@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 use super::assignment::Assignment;
 use super::wire::{ClusterLoadAssignment, DiscoveryResponse, CLA_TYPE_URL};
 
+/// A temporary file of a target this old was left by a writer that died mid-write.
+pub const LEFTOVER_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The file Envoy reads and how to write it.
 #[derive(Debug, Clone)]
 pub struct EdsFile {
@@ -44,6 +47,7 @@ impl EdsFile {
             return Ok(false);
         }
         let name = self.path.file_name().and_then(|n| n.to_str()).unwrap_or("eds.json");
+        self.remove_leftovers(name);
         // A dot-name Envoy ignores (it watches for moves onto its file), unique per process.
         let tmp = self.dir.join(format!(".{name}.tmp-{}", std::process::id()));
         let result = (|| {
@@ -62,6 +66,25 @@ impl EdsFile {
             let _ = std::fs::remove_file(&tmp);
         }
         result
+    }
+
+    /// Remove temporary files of this target that a killed writer left (`.NAME.tmp-PID`, written
+    /// and renamed within milliseconds): any older than [`LEFTOVER_AGE`]. Best effort; a leftover
+    /// costs disk space, never a wrong reload (Envoy ignores dot-names that are not moved).
+    fn remove_leftovers(&self, name: &str) {
+        let prefix = format!(".{name}.tmp-");
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        for e in entries.flatten() {
+            let old_enough = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= LEFTOVER_AGE);
+            if old_enough && e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 
     /// The assignment for `cluster` in the file now; `Ok(None)` when there is no file.
@@ -90,6 +113,26 @@ mod tests {
             hostname: None,
         };
         build("vllm", &[(r, w)], false).unwrap().0
+    }
+
+    #[test]
+    fn a_temporary_file_a_killed_writer_left_is_removed_at_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = EdsFile::new(dir.path(), "vllm.json");
+        let left = dir.path().join(".vllm.json.tmp-999999");
+        let fresh = dir.path().join(".vllm.json.tmp-999998");
+        let other = dir.path().join(".other.json.tmp-999999");
+        for p in [&left, &fresh, &other] {
+            std::fs::write(p, b"{").unwrap();
+        }
+        let old = std::time::SystemTime::now() - LEFTOVER_AGE * 2;
+        for p in [&left, &other] {
+            std::fs::File::options().write(true).open(p).unwrap().set_modified(old).unwrap();
+        }
+        assert!(f.write(&a(3)).unwrap());
+        assert!(!left.exists(), "an old leftover of this target is gone");
+        assert!(fresh.exists(), "a recent one may be another writer's, mid-write");
+        assert!(other.exists(), "another target's files are not ours");
     }
 
     #[test]

@@ -8,8 +8,14 @@
 //! - A cluster nobody has pushed ratios for yet (controller just started): `304` as well. Envoy keeps
 //!   the endpoints it has; an Envoy that is starting keeps the cluster initialising (up to its
 //!   `initial_fetch_timeout`, 15 s by default) instead of going live with no endpoints.
-//! - Several names in one request: the known ones are answered, unknown ones left out (Envoy then
-//!   keeps what it has for them), under one combined version.
+//! - Several names in one request: the known ones are answered, each once however often it is
+//!   named, unknown ones left out (Envoy then keeps what it has for them), under one combined
+//!   version. A request naming more than [`MAX_RESOURCE_NAMES`] entries is refused.
+//!
+//! The endpoint has no authentication, so everything a request leaves behind is bounded: at most
+//! [`MAX_POLLERS_PER_CLUSTER`] pollers per served cluster, each node id and version cut to a few
+//! hundred bytes ([`llm_lc_adapters::name::shorten`](crate::name::shorten)), forgotten after
+//! [`POLLER_TTL`] of silence; an answer holds each served cluster at most once.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -30,7 +36,28 @@ use super::wire::{DiscoveryRequest, DiscoveryResponse, CLA_TYPE_URL};
 pub const EDS_PATH: &str = "/v3/discovery:endpoints";
 
 /// Nodes remembered per cluster; the endpoint is unauthenticated, so what it records is bounded.
-const MAX_POLLERS_PER_CLUSTER: usize = 256;
+pub const MAX_POLLERS_PER_CLUSTER: usize = 256;
+
+/// A poller not heard from for this long is forgotten (Envoy polls every `refresh_delay`, seconds).
+pub const POLLER_TTL: Duration = Duration::from_secs(600);
+
+/// Most `resource_names` entries one request may carry (repeats included). An Envoy names each of
+/// its EDS clusters once; tens of thousands of entries is not an Envoy.
+pub const MAX_RESOURCE_NAMES: usize = 4096;
+
+/// A request naming more than [`MAX_RESOURCE_NAMES`] entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the request names {0} resources; at most {MAX_RESOURCE_NAMES} are answered (an Envoy names each EDS cluster once)")]
+pub struct TooManyNames(pub usize);
+
+/// The distinct names of a request, in first-seen order, or why they are refused.
+pub fn distinct_names(names: &[String]) -> Result<Vec<&str>, TooManyNames> {
+    if names.len() > MAX_RESOURCE_NAMES {
+        return Err(TooManyNames(names.len()));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    Ok(names.iter().map(String::as_str).filter(|n| seen.insert(*n)).collect())
+}
 
 /// What the controller's EDS endpoint serves: one ClusterLoadAssignment per cluster. Shared between
 /// the sinks (writers), the HTTP handler and gRPC streams (readers).
@@ -99,42 +126,58 @@ impl EdsRegistry {
     }
 
     /// Answer one discovery request (a REST poll) and note who asked.
-    pub fn discover(&self, req: &DiscoveryRequest) -> Discovery {
+    pub fn discover(&self, req: &DiscoveryRequest) -> Result<Discovery, TooManyNames> {
+        let names = distinct_names(&req.resource_names)?;
         self.record(req);
-        self.answer(&req.resource_names, &req.version_info)
+        Ok(self.answer(&names, &req.version_info))
     }
 
     /// Note that an Envoy asked for these clusters holding `req.version_info`. Only clusters the
     /// registry knows (claimed or served) are recorded.
+    /// A request naming more than [`MAX_RESOURCE_NAMES`] entries records nothing.
     pub fn record(&self, req: &DiscoveryRequest) {
+        self.record_at(req, Instant::now());
+    }
+
+    fn record_at(&self, req: &DiscoveryRequest, now: Instant) {
+        let Ok(distinct) = distinct_names(&req.resource_names) else { return };
         let mut st = self.lock();
-        let node = req.node.as_ref().map(|n| n.id.clone()).unwrap_or_default();
-        let names: Vec<String> = if req.resource_names.is_empty() {
+        // Outside text, kept: bounded in size whatever was sent.
+        let node = crate::name::shorten(req.node.as_ref().map(|n| n.id.as_str()).unwrap_or("")).into_owned();
+        let version = crate::name::shorten_text(&req.version_info).into_owned();
+        let names: Vec<String> = if distinct.is_empty() {
             st.clusters.keys().cloned().collect()
         } else {
-            req.resource_names.clone()
+            distinct.into_iter().map(str::to_string).collect()
         };
-        for name in &names {
-            if st.clusters.contains_key(name) || st.claims.contains_key(&cluster_target(name)) {
-                let polls = st.polls.entry(name.clone()).or_default();
+        for name in names {
+            if st.clusters.contains_key(&name) || st.claims.contains_key(&cluster_target(&name)) {
+                let polls = st.polls.entry(name).or_default();
+                polls.retain(|_, p| now.saturating_duration_since(p.at) < POLLER_TTL);
                 if polls.len() >= MAX_POLLERS_PER_CLUSTER && !polls.contains_key(&node) {
                     if let Some(oldest) = polls.iter().min_by_key(|(_, p)| p.at).map(|(k, _)| k.clone()) {
                         polls.remove(&oldest);
                     }
                 }
-                polls
-                    .insert(node.clone(), PollSeen { version: req.version_info.clone(), at: Instant::now() });
+                polls.insert(node.clone(), PollSeen { version: version.clone(), at: now });
             }
         }
     }
 
-    /// What to send an Envoy that holds `version` of `names` (empty: every cluster).
-    pub fn answer(&self, names: &[String], version: &str) -> Discovery {
+    /// What to send an Envoy that holds `version` of `names` (empty: every cluster). Each cluster is
+    /// answered once however often it is named.
+    pub fn answer<S: AsRef<str>>(&self, names: &[S], version: &str) -> Discovery {
         let st = self.lock();
         let known: Vec<&Assignment> = if names.is_empty() {
             st.clusters.values().collect()
         } else {
-            names.iter().filter_map(|n| st.clusters.get(n)).collect()
+            let mut seen = std::collections::BTreeSet::new();
+            names
+                .iter()
+                .map(AsRef::as_ref)
+                .filter(|n| seen.insert(*n))
+                .filter_map(|n| st.clusters.get(n))
+                .collect()
         };
         if known.is_empty() {
             return Discovery::NotModified;
@@ -155,7 +198,7 @@ impl EdsRegistry {
         self.lock().clusters.get(cluster).cloned()
     }
 
-    /// The Envoys that asked for `cluster`, most recent first.
+    /// The Envoys that asked for `cluster` within [`POLLER_TTL`], most recent first.
     pub fn pollers(&self, cluster: &str) -> Vec<Poller> {
         let st = self.lock();
         let current = st.clusters.get(cluster).map(|a| a.version.as_str());
@@ -164,6 +207,7 @@ impl EdsRegistry {
             .get(cluster)
             .map(|p| {
                 p.iter()
+                    .filter(|(_, seen)| seen.at.elapsed() < POLLER_TTL)
                     .map(|(node, seen)| Poller {
                         node_id: node.clone(),
                         version: seen.version.clone(),
@@ -259,17 +303,18 @@ async fn discovery_handler(State(reg): State<Arc<EdsRegistry>>, body: Bytes) -> 
             StatusCode::BAD_REQUEST,
             format!(
                 "this endpoint serves {CLA_TYPE_URL} only, not {}\n",
-                crate::name::escape_controls(&req.type_url)
+                crate::name::shorten_text(&req.type_url)
             ),
         )
             .into_response();
     }
     match reg.discover(&req) {
-        Discovery::NotModified => StatusCode::NOT_MODIFIED.into_response(),
-        Discovery::Response(resp) => {
+        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+        Ok(Discovery::NotModified) => StatusCode::NOT_MODIFIED.into_response(),
+        Ok(Discovery::Response(resp)) => {
             tracing::debug!(
-                node = req.node.as_ref().map(|n| n.id.as_str()).unwrap_or(""),
-                from = %req.version_info,
+                node = %crate::name::shorten(req.node.as_ref().map(|n| n.id.as_str()).unwrap_or("")),
+                from = %crate::name::shorten_text(&req.version_info),
                 to = %resp.version_info,
                 "serving EDS update"
             );
@@ -305,20 +350,60 @@ mod tests {
         }
     }
 
+    fn ask(reg: &EdsRegistry, r: &DiscoveryRequest) -> Discovery {
+        reg.discover(r).expect("a request an Envoy could send")
+    }
+
+    #[test]
+    fn a_cluster_named_thousands_of_times_is_answered_once_and_a_flood_is_refused() {
+        let reg = EdsRegistry::new();
+        reg.store("vllm", assignment("vllm", &[("10.0.0.1:80", 3), ("10.0.0.2:80", 1)]));
+        let many = vec!["vllm"; MAX_RESOURCE_NAMES];
+        let Discovery::Response(resp) = ask(&reg, &req(&many, "")) else { panic!("expected a response") };
+        assert_eq!(resp.resources.len(), 1, "one copy of the assignment, not {}", MAX_RESOURCE_NAMES);
+        let flood = vec!["vllm"; 30_000];
+        assert_eq!(reg.discover(&req(&flood, "")), Err(TooManyNames(30_000)));
+        assert_eq!(reg.answer(&["vllm", "vllm", "vllm"], ""), ask(&reg, &req(&["vllm"], "")));
+    }
+
+    #[test]
+    fn what_pollers_leave_behind_is_bounded_in_size_count_and_time() {
+        let reg = EdsRegistry::new();
+        reg.store("vllm", assignment("vllm", &[("10.0.0.1:80", 3)]));
+        let huge = "n".repeat(1 << 20);
+        for i in 0..600 {
+            let mut r = req(&["vllm"], &"v".repeat(1 << 16));
+            r.node = Some(Node { id: format!("{i}-{huge}"), cluster: String::new() });
+            ask(&reg, &r);
+        }
+        let p = reg.pollers("vllm");
+        assert_eq!(p.len(), MAX_POLLERS_PER_CLUSTER);
+        let kept: usize = p.iter().map(|p| p.node_id.len() + p.version.len()).sum();
+        assert!(kept < MAX_POLLERS_PER_CLUSTER * 1024, "{kept} bytes kept for 600 polls of 1 MiB ids");
+        // A poller silent for longer than the TTL is gone, from the view and from the map.
+        let reg = EdsRegistry::new();
+        reg.store("vllm", assignment("vllm", &[("10.0.0.1:80", 3)]));
+        let Some(long_ago) = Instant::now().checked_sub(POLLER_TTL + Duration::from_secs(1)) else { return };
+        reg.record_at(&req(&["vllm"], ""), long_ago);
+        assert!(reg.pollers("vllm").is_empty(), "expired");
+        let mut r = req(&["vllm"], "");
+        r.node = Some(Node { id: "edge-2".into(), cluster: String::new() });
+        reg.record(&r);
+        assert_eq!(reg.lock().polls["vllm"].len(), 1, "the expired poller was dropped from the map");
+    }
+
     #[test]
     fn answers_new_versions_and_304s_the_same_one() {
         let reg = EdsRegistry::new();
-        assert_eq!(reg.discover(&req(&["vllm"], "")), Discovery::NotModified, "nothing pushed yet");
+        assert_eq!(ask(&reg, &req(&["vllm"], "")), Discovery::NotModified, "nothing pushed yet");
         reg.store("vllm", assignment("vllm", &[("10.0.0.1:80", 3), ("10.0.0.2:80", 1)]));
-        let Discovery::Response(resp) = reg.discover(&req(&["vllm"], "")) else {
-            panic!("expected a response")
-        };
+        let Discovery::Response(resp) = ask(&reg, &req(&["vllm"], "")) else { panic!("expected a response") };
         assert_eq!(resp.resources.len(), 1);
         assert_eq!(resp.resources[0].cluster_name, "vllm");
-        assert_eq!(reg.discover(&req(&["vllm"], &resp.version_info)), Discovery::NotModified);
-        assert!(matches!(reg.discover(&req(&["vllm"], "stale")), Discovery::Response(_)));
-        assert_eq!(reg.discover(&req(&["other"], "")), Discovery::NotModified, "unknown cluster");
-        let Discovery::Response(both) = reg.discover(&req(&["vllm", "other"], "")) else { panic!() };
+        assert_eq!(ask(&reg, &req(&["vllm"], &resp.version_info)), Discovery::NotModified);
+        assert!(matches!(ask(&reg, &req(&["vllm"], "stale")), Discovery::Response(_)));
+        assert_eq!(ask(&reg, &req(&["other"], "")), Discovery::NotModified, "unknown cluster");
+        let Discovery::Response(both) = ask(&reg, &req(&["vllm", "other"], "")) else { panic!() };
         assert_eq!(both.resources.len(), 1, "unknown names are left out");
     }
 
@@ -327,11 +412,11 @@ mod tests {
         let reg = EdsRegistry::new();
         reg.store("a", assignment("a", &[("10.0.0.1:80", 1)]));
         reg.store("b", assignment("b", &[("10.0.0.2:80", 1)]));
-        let Discovery::Response(all) = reg.discover(&req(&[], "")) else { panic!() };
+        let Discovery::Response(all) = ask(&reg, &req(&[], "")) else { panic!() };
         assert_eq!(all.resources.len(), 2);
-        assert_eq!(reg.discover(&req(&[], &all.version_info)), Discovery::NotModified);
+        assert_eq!(ask(&reg, &req(&[], &all.version_info)), Discovery::NotModified);
         reg.store("b", assignment("b", &[("10.0.0.2:80", 2)]));
-        assert!(matches!(reg.discover(&req(&[], &all.version_info)), Discovery::Response(_)));
+        assert!(matches!(ask(&reg, &req(&[], &all.version_info)), Discovery::Response(_)));
     }
 
     #[test]
@@ -357,11 +442,11 @@ mod tests {
     #[test]
     fn pollers_are_recorded_for_known_clusters_only() {
         let reg = EdsRegistry::new();
-        reg.discover(&req(&["nobody-claims-this"], ""));
+        ask(&reg, &req(&["nobody-claims-this"], ""));
         assert!(reg.pollers("nobody-claims-this").is_empty());
         reg.store("vllm", assignment("vllm", &[("10.0.0.1:80", 3)]));
         let v = reg.assignment("vllm").unwrap().version;
-        reg.discover(&req(&["vllm"], &v));
+        ask(&reg, &req(&["vllm"], &v));
         let p = reg.pollers("vllm");
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].node_id, "edge-1");

@@ -395,11 +395,11 @@ impl HaproxySink {
                 .map(|(_, e)| e)
                 .unwrap_or_else(|| SinkError::Config(format!("{}: no runtime API address", self.target()))));
         };
+        let weighted = self.runtimes.len() - failures.len();
         for (rt, e) in failures {
             applied.warnings.push(format!(
-                "haproxy instance {} not weighted this cycle ({} of {} instances were): {e}",
+                "haproxy instance {} not weighted this cycle ({weighted} of {} instances were): {e}",
                 rt.addr(),
-                self.runtimes.len() - 1,
                 self.runtimes.len()
             ));
         }
