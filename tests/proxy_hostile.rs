@@ -112,3 +112,38 @@ async fn request_text_reaches_no_label_header_or_line_of_its_own() {
         assert!(!v.contains("script") && !v.contains("critical\\\""), "a label from the request: {v}");
     }
 }
+
+/// Raw request heads the HTTP layer refuses before the proxy reads them: the answer is the same
+/// OpenAI-style JSON error as every other refusal, not hyper's empty body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_the_http_layer_refuses_get_json_errors() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let f = fleet(ModelProfile::tiny(), 1, &["m"], &[], 50.0).await;
+    let proxy = start_proxy(&format!(
+        "listen: 127.0.0.1:0\npools:\n  - name: llm\n    members: {}\nroutes:\n  steps:\n    - id: model\n      \
+         field: model\n      op: exists\n      match: {{ pool: llm }}\n      miss: {{ reject: 400 }}\n",
+        members_yaml(&f.addrs())
+    ))
+    .await;
+    let many_headers: String = (0..200).map(|i| format!("x-h{i}: v\r\n")).collect();
+    for (raw, status, code) in [
+        ("GET /v1/models HTTP/1.1\r\nHost: x\r\nbad header line\r\n\r\n".to_string(), 400, "bad_request"),
+        ("G\u{1}T / HTTP/1.1\r\nHost: x\r\n\r\n".to_string(), 400, "bad_request"),
+        (
+            format!("GET /v1/models HTTP/1.1\r\nHost: x\r\n{many_headers}\r\n"),
+            431,
+            "request_header_too_large",
+        ),
+    ] {
+        let mut tcp = tokio::net::TcpStream::connect(proxy.addr()).await.expect("connect");
+        tcp.write_all(raw.as_bytes()).await.expect("write");
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read_to_end(&mut answer)).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{raw:?} -> {text}");
+        assert!(text.to_ascii_lowercase().contains("content-type: application/json"), "{text}");
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(v["error"]["code"], code, "{text}");
+    }
+}

@@ -17,6 +17,11 @@
 /// Ring points per unit of weight (HAProxy's `BE_WEIGHT_SCALE`).
 pub const POINTS_PER_WEIGHT: u32 = 16;
 
+/// Most points a ring holds whatever the weights (4 MiB of points): past it, each member's points
+/// shrink in proportion to its weight (at least one each), so a weight of 10^8 from outside costs
+/// the same memory as a sane one. Below it, the ring is HAProxy's exactly.
+pub const MAX_POINTS: u64 = 1 << 18;
+
 /// HAProxy's documented starting point for `hash-balance-factor`.
 pub const DEFAULT_BALANCE_FACTOR: u32 = 150;
 
@@ -31,10 +36,11 @@ pub struct Ring {
 impl Ring {
     /// The ring for these weights; weight-0 members own no points.
     pub fn new(weights: &[u32]) -> Ring {
-        let mut points = Vec::with_capacity(weights.iter().map(|&w| w as usize).sum::<usize>() * 16);
-        for (m, &w) in weights.iter().enumerate() {
-            for k in 0..w.saturating_mul(POINTS_PER_WEIGHT) {
-                points.push((mix(((m as u64) << 32) | u64::from(k)), m as u32));
+        let counts = point_counts(weights);
+        let mut points = Vec::with_capacity(counts.iter().sum::<u64>() as usize);
+        for (m, &n) in counts.iter().enumerate() {
+            for k in 0..n {
+                points.push((mix(((m as u64) << 32) | k), m as u32));
             }
         }
         points.sort_unstable();
@@ -83,18 +89,37 @@ impl Ring {
 
     /// Member `m`'s share of `ceil((served + 1) x factor / 100)` slots.
     fn slots(&self, m: usize, served: u64, factor: u32) -> u32 {
-        let total_weight: u64 = self.weights.iter().map(|&w| u64::from(w)).sum();
+        // In u128: weights near u32::MAX times a remainder of the same size pass u64.
+        let total_weight: u128 = self.weights.iter().map(|&w| u128::from(w)).sum();
         if total_weight == 0 {
             return u32::MAX;
         }
-        let tot_slots = ((served + 1) * u64::from(factor.max(100))).div_ceil(100);
+        let tot_slots = (u128::from(served + 1) * u128::from(factor.max(100))).div_ceil(100);
         let (per_weight, remainder) = (tot_slots / total_weight, tot_slots % total_weight);
-        let w = u64::from(self.weights[m]);
-        let before: u64 = self.weights[..m].iter().map(|&x| u64::from(x)).sum();
+        let w = u128::from(self.weights[m]);
+        let before: u128 = self.weights[..m].iter().map(|&x| u128::from(x)).sum();
         let slots =
             w * per_weight + ((before + w) * remainder) / total_weight - (before * remainder) / total_weight;
         u32::try_from(slots.max(1)).unwrap_or(u32::MAX)
     }
+}
+
+/// Points per member: `weight x POINTS_PER_WEIGHT`, scaled down in proportion when the total would
+/// pass [`MAX_POINTS`].
+fn point_counts(weights: &[u32]) -> Vec<u64> {
+    let per_weight = u64::from(POINTS_PER_WEIGHT);
+    let total: u64 = weights.iter().map(|&w| u64::from(w) * per_weight).sum();
+    weights
+        .iter()
+        .map(|&w| {
+            let full = u64::from(w) * per_weight;
+            if total <= MAX_POINTS || w == 0 {
+                full
+            } else {
+                ((u128::from(full) * u128::from(MAX_POINTS) / u128::from(total)) as u64).max(1)
+            }
+        })
+        .collect()
 }
 
 /// splitmix64's finalizer: spreads keys and points over the ring.
@@ -108,6 +133,17 @@ pub fn mix(mut z: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_weights_make_a_bounded_ring_that_keeps_their_proportions() {
+        let ring = Ring::new(&[100_000_000, 50_000_000, u32::MAX]);
+        assert!(ring.points.len() as u64 <= MAX_POINTS, "{} points", ring.points.len());
+        let counts = point_counts(&[100_000_000, 50_000_000, 0]);
+        assert_eq!(counts[2], 0, "weight 0 owns nothing");
+        assert!((counts[0] as f64 / counts[1] as f64 - 2.0).abs() < 0.01, "{counts:?}");
+        assert_eq!(point_counts(&[100, 1]), [1600, 16], "small weights: HAProxy's ring exactly");
+        assert!(ring.pick(7, &[0, 0, 0], 150, |_| true).is_some());
+    }
 
     #[test]
     fn keys_spread_by_weight_and_a_weight_change_moves_only_that_members_keys() {

@@ -100,8 +100,21 @@ pub fn apply(shared: &Shared, pool: &str, ratios: &Ratios, source: WeightSource)
         WeightSource::Equal => "equal",
     };
     shared.metrics.ratio_updates.get_or_create(&labels(&[("pool", pool), ("source", src)])).inc();
-    if !applied.unknown_members.is_empty() {
-        tracing::warn!(pool, unknown = ?applied.unknown_members, "ratios name members this pool does not have; ignored");
+    if applied.unknown_count > 0 {
+        shared
+            .metrics
+            .unknown_ratio_members
+            .get_or_create(&labels(&[("pool", pool)]))
+            .inc_by(applied.unknown_count as u64);
+        if p.log_unknown_now(std::time::Instant::now()) {
+            tracing::warn!(
+                pool,
+                count = applied.unknown_count,
+                first = ?applied.unknown_members,
+                "ratios name members this pool does not have; ignored (counted in \
+                 llmlc_proxy_unknown_ratio_members_total, logged at most once a minute)"
+            );
+        }
     }
     Some(applied)
 }
@@ -119,11 +132,28 @@ async fn post_ratios(State(st): State<AdminState>, headers: HeaderMap, body: Byt
             )
         }
     };
+    if let Some((m, r)) = payload.ratios.iter().find(|(_, r)| *r > llm_lc_adapters::MAX_RATIO) {
+        return err(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "ratio {r} of member {} is above {}, the largest ratio accepted",
+                llm_lc_adapters::name::shorten(m.as_str()),
+                llm_lc_adapters::MAX_RATIO
+            ),
+        );
+    }
     match apply(&st.shared, &payload.pool, &payload.ratios, WeightSource::Webhook) {
         Some(a) => Json(a).into_response(),
         None => {
             let known: Vec<&str> = st.shared.pools.iter().map(|p| p.name.as_str()).collect();
-            err(StatusCode::NOT_FOUND, format!("no pool {:?}; pools are: {}", payload.pool, known.join(", ")))
+            err(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no pool {}; pools are: {}",
+                    llm_lc_adapters::name::shorten(&payload.pool),
+                    known.join(", ")
+                ),
+            )
         }
     }
 }
@@ -133,7 +163,7 @@ async fn get_ratios(State(st): State<AdminState>, Path(pool): Path<String>, head
         return err(status, msg);
     }
     let Some(p) = st.shared.pool(&pool) else {
-        return err(StatusCode::NOT_FOUND, format!("no pool {pool:?}"));
+        return err(StatusCode::NOT_FOUND, format!("no pool {}", llm_lc_adapters::name::shorten(&pool)));
     };
     let v = p.view();
     if v.weights_from == WeightSource::Equal {

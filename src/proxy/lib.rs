@@ -12,7 +12,8 @@
 //! [`ProxyHandle`] with the bound addresses, a live view of weights and in-flight counts, and
 //! [`ProxyHandle::shutdown`].
 //!
-//! Both listeners are served by [`listen`] (connection cap, header and keep-alive timeouts);
+//! Both listeners are served by [`listen`] (connection cap, header and keep-alive timeouts; hyper's own
+//! parse-error answers get JSON bodies through [`parse_errors`]);
 //! [`guard`] adds guard steps (deny rules, an external guard service) to the routing table;
 //! [`body`] parses request bodies strictly (duplicate keys refused).
 
@@ -27,6 +28,7 @@ pub mod guard;
 pub mod listen;
 pub mod members;
 pub mod metrics;
+pub mod parse_errors;
 pub mod pool;
 pub mod prefix_key;
 pub mod route;

@@ -206,7 +206,9 @@ async fn serve_conn(
             Ok::<_, std::convert::Infallible>(resp.map(|inner| Tracked { inner, _busy: busy }))
         }
     });
-    let conn = http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(tcp), svc);
+    // hyper's own answers to heads it cannot parse get JSON bodies on their way out.
+    let io = TokioIo::new(super::parse_errors::JsonParseErrors::new(tcp));
+    let conn = http1::Builder::new().keep_alive(true).serve_connection(io, svc);
     tokio::pin!(conn);
     let mut draining = false;
     loop {

@@ -28,6 +28,7 @@ pub struct ProxyMetrics {
     pub refusals: FCounter,
     pub retries: FCounter,
     pub ratio_updates: FCounter,
+    pub unknown_ratio_members: FCounter,
     pub ttft: FHist,
     pub duration: FHist,
     pub in_flight: FGauge,
@@ -86,6 +87,11 @@ impl ProxyMetrics {
         );
         let ratio_updates =
             c(&mut r, "llmlc_proxy_ratio_updates", "Ratio sets applied, by pool and source (webhook/poll)");
+        let unknown_ratio_members = c(
+            &mut r,
+            "llmlc_proxy_unknown_ratio_members",
+            "Members named by applied ratios that the pool does not have (ignored), by pool",
+        );
         let ttft = h(
             &mut r,
             "llmlc_proxy_ttft_seconds",
@@ -140,6 +146,7 @@ impl ProxyMetrics {
             refusals,
             retries,
             ratio_updates,
+            unknown_ratio_members,
             ttft,
             duration,
             in_flight,

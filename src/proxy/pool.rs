@@ -37,7 +37,15 @@ struct State {
     updated_unix: Option<f64>,
     /// The controller's pool saturation, 0..1, from the last poll.
     saturation: Option<f64>,
+    /// When ratios naming members this pool lacks were last logged (the log is rate-limited).
+    unknown_logged: Option<Instant>,
 }
+
+/// Names of unknown members echoed in an answer or a log line, at most; the rest are counted.
+pub const ECHOED_NAMES: usize = 8;
+
+/// Ratios naming members the pool lacks are logged at most once per this, per pool.
+pub const UNKNOWN_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// A pool of model servers.
 pub struct Pool {
@@ -63,8 +71,11 @@ pub struct Pool {
 pub struct Applied {
     /// Weight now in force per member.
     pub weights: Vec<(MemberId, u32)>,
-    /// Members named by the ratios that this pool does not have (ignored).
-    pub unknown_members: Vec<MemberId>,
+    /// Members named by the ratios that this pool does not have (ignored): the first
+    /// [`ECHOED_NAMES`], shortened ([`llm_lc_adapters::name::shorten`]); outside text.
+    pub unknown_members: Vec<String>,
+    /// How many members the ratios named that this pool does not have.
+    pub unknown_count: usize,
     /// Pool members the ratios did not name (given the mean).
     pub defaulted_members: Vec<MemberId>,
 }
@@ -131,6 +142,7 @@ impl Pool {
                 source: WeightSource::Equal,
                 updated_unix: None,
                 saturation: None,
+                unknown_logged: None,
             }),
         })
     }
@@ -186,8 +198,10 @@ impl Pool {
 
     /// Apply a set of ratios as weights. Members not named get the mean of the named ones (so a
     /// member the controller has not sampled yet gets an average share, not all or nothing).
+    /// Ratios above [`llm_lc_adapters::MAX_RATIO`] count as that.
     pub fn apply_ratios(&self, ratios: &Ratios, source: WeightSource) -> Applied {
-        let known: Vec<Option<u32>> = self.members.iter().map(|m| ratios.get(m)).collect();
+        let known: Vec<Option<u32>> =
+            self.members.iter().map(|m| ratios.get(m).map(|r| r.min(llm_lc_adapters::MAX_RATIO))).collect();
         let named: Vec<u32> = known.iter().flatten().copied().collect();
         let mean = if named.is_empty() {
             1
@@ -200,8 +214,13 @@ impl Pool {
             }
         };
         let weights: Vec<u32> = known.iter().map(|k| k.unwrap_or(mean)).collect();
-        let unknown_members =
-            ratios.iter().map(|(m, _)| m).filter(|m| !self.members.contains(m)).cloned().collect();
+        let unknown: Vec<&MemberId> =
+            ratios.iter().map(|(m, _)| m).filter(|m| !self.members.contains(m)).collect();
+        let unknown_members = unknown
+            .iter()
+            .take(ECHOED_NAMES)
+            .map(|m| llm_lc_adapters::name::shorten(m.as_str()).into_owned())
+            .collect();
         let defaulted_members =
             self.members.iter().zip(&known).filter(|(_, k)| k.is_none()).map(|(m, _)| m.clone()).collect();
         {
@@ -213,8 +232,20 @@ impl Pool {
         Applied {
             weights: self.members.iter().cloned().zip(weights).collect(),
             unknown_members,
+            unknown_count: unknown.len(),
             defaulted_members,
         }
+    }
+
+    /// Whether ratios naming unknown members should be logged now: at most once per
+    /// [`UNKNOWN_LOG_EVERY`] (a client posting such ratios in a loop must not fill the disk).
+    pub fn log_unknown_now(&self, now: Instant) -> bool {
+        let mut st = self.lock();
+        let due = st.unknown_logged.is_none_or(|at| now.saturating_duration_since(at) >= UNKNOWN_LOG_EVERY);
+        if due {
+            st.unknown_logged = Some(now);
+        }
+        due
     }
 
     pub fn set_saturation(&self, s: Option<f64>) {
@@ -299,7 +330,8 @@ mod tests {
         .collect();
         let a = p.apply_ratios(&r, WeightSource::Webhook);
         assert_eq!(p.weights(), vec![60, 20, 40]);
-        assert_eq!(a.unknown_members, vec![MemberId::from("9.9.9.9:1")]);
+        assert_eq!(a.unknown_members, vec!["9.9.9.9:1".to_string()]);
+        assert_eq!(a.unknown_count, 1);
         assert_eq!(a.defaulted_members, vec![MemberId::from("10.0.0.3:80")]);
         assert_eq!(p.view().weights_from, WeightSource::Webhook);
     }
