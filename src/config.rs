@@ -115,7 +115,7 @@ impl PoolConfig {
 }
 
 /// Who the members of a pool are. Exactly one of the fields.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MembersConfig {
     /// A fixed list of `host:port`.
@@ -223,6 +223,46 @@ impl Config {
     /// Every problem types cannot catch, as `(field path, message)`.
     pub fn validate(&self) -> Vec<(String, String)> {
         self.validate_with(std::env::var_os(SKIP_FILE_CHECKS_ENV).is_none())
+    }
+
+    /// Settings that are valid but will not do what their writer wants, as `(field, why)`: `check`
+    /// prints them, `run` logs them at start and on every reload. Today: a source whose reads of one
+    /// member may take longer than a cycle gives them (the interval less a tenth), so a member that
+    /// slow is cut short, and counted as failed, every cycle.
+    pub fn cautions(&self) -> Vec<(String, String)> {
+        let budget = self.interval.saturating_sub(self.interval / 10);
+        let mut out = Vec::new();
+        for (name, src) in &self.sources {
+            let (timeout, reads, what) = match src {
+                SourceConfig::Scrape(sc) => {
+                    let props = self
+                        .pools
+                        .iter()
+                        .any(|p| &p.source == name && p.profile.resolve(&p.metrics).slots_from_props);
+                    if props {
+                        (sc.timeout, 2, "its metrics page, then GET /props, each under `timeout`")
+                    } else {
+                        (sc.timeout, 1, "its metrics page, under `timeout`")
+                    }
+                }
+                SourceConfig::Prometheus(pc) => (pc.timeout, 1, "each query, under `timeout`"),
+            };
+            let worst = timeout * reads;
+            if worst > budget {
+                out.push((
+                    format!("sources.{name}.timeout"),
+                    format!(
+                        "one member's reads ({what}) may take {} but a cycle gives them {} (interval {} \
+                         less a tenth): reads that slow are cut short and count as failures every cycle; \
+                         raise `interval` or lower `timeout`",
+                        humantime::format_duration(worst),
+                        humantime::format_duration(budget),
+                        humantime::format_duration(self.interval),
+                    ),
+                ));
+            }
+        }
+        out
     }
 
     /// [`Config::validate`]; `check_files`: files named by the config must exist and parse, as

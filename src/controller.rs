@@ -11,7 +11,7 @@
 //! - State changes (source down, back up, stale; discovery failing and recovering) are logged once,
 //!   not every cycle.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,17 @@ struct PoolRuntime {
     failing: BTreeMap<MemberId, &'static str>,
     /// "This replica leads"; `None` means always (no election).
     leader: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Members whose per-member series this pool wrote last cycle.
+    exported: BTreeSet<MemberId>,
+}
+
+/// One pool's state a reloaded controller starts from ([`Controller::carried`]).
+#[derive(Debug, Clone, Default)]
+pub struct Carried {
+    pub ratios: Ratios,
+    pub members: Vec<MemberId>,
+    /// How the pool found its members: carried members apply only where this is unchanged.
+    pub members_from: crate::config::MembersConfig,
 }
 
 /// The whole controller: sources, pools and the shared telemetry.
@@ -110,6 +121,9 @@ impl Controller {
         dry_run: bool,
         ctx: &SinkContext,
     ) -> Result<Self, BuildError> {
+        for (field, why) in cfg.cautions() {
+            tracing::warn!(field, "{why}");
+        }
         let mut sources = BTreeMap::new();
         for (name, s) in &cfg.sources {
             sources
@@ -179,6 +193,7 @@ impl Controller {
                 refused_names: Default::default(),
                 failing: BTreeMap::new(),
                 leader: None,
+                exported: BTreeSet::new(),
             });
         }
         Ok(Controller { interval: cfg.interval, sources, pools, telemetry })
@@ -198,17 +213,32 @@ impl Controller {
         }
     }
 
-    /// The ratios each pool computed last, by pool name (to carry over into a reloaded controller).
-    pub fn computed_ratios(&self) -> BTreeMap<String, Ratios> {
-        self.pools.iter().map(|p| (p.cfg.name.clone(), p.cycle.last_computed().clone())).collect()
+    /// What each pool knows that a reloaded controller should start from, by pool name: the ratios
+    /// it computed last and the members it found.
+    pub fn carried(&self) -> BTreeMap<String, Carried> {
+        self.pools
+            .iter()
+            .map(|p| {
+                let carried = Carried {
+                    ratios: p.cycle.last_computed().clone(),
+                    members: p.query.members.clone(),
+                    members_from: p.cfg.members.clone(),
+                };
+                (p.cfg.name.clone(), carried)
+            })
+            .collect()
     }
 
-    /// Start pools from ratios a previous controller computed, so a config reload does not reset them
-    /// to the middle of the range. Pools not in `by_pool` start fresh.
-    pub fn seed_ratios(&mut self, by_pool: &BTreeMap<String, Ratios>) {
+    /// Start pools from what a previous controller knew, so a config reload neither resets ratios
+    /// to the middle of the range nor greets every discovered member as new. Members carry over
+    /// only where the pool finds them the same way as before. Pools not in `by_pool` start fresh.
+    pub fn seed(&mut self, by_pool: &BTreeMap<String, Carried>) {
         for p in &mut self.pools {
-            if let Some(r) = by_pool.get(&p.cfg.name) {
-                p.cycle.seed_ratios(r.clone());
+            if let Some(c) = by_pool.get(&p.cfg.name) {
+                p.cycle.seed_ratios(c.ratios.clone());
+                if c.members_from == p.cfg.members && p.cfg.members.static_list.is_none() {
+                    p.query.members = c.members.clone();
+                }
             }
         }
     }
@@ -494,6 +524,14 @@ impl PoolRuntime {
             report.saturation = outcome.saturation;
         }
         report.members = self.member_reports(snap.as_ref().ok(), &step.desired, &before, telemetry);
+        // Whatever path a member left by (discovery, a failed sample, a reload), its series go
+        // when it is no longer reported: the set exported is exactly the set reported.
+        let reported: BTreeSet<MemberId> =
+            report.members.iter().map(|r| MemberId::from(r.member.as_str())).collect();
+        for gone in self.exported.difference(&reported) {
+            telemetry.metrics.forget_member(&pool, gone.as_str());
+        }
+        self.exported = reported;
 
         report.push = match step.decision {
             Decision::Hold(outcome) => outcome,
@@ -595,7 +633,13 @@ impl PoolRuntime {
             Some(snap) if !snap.members.is_empty() => {
                 snap.members.iter().map(|(member, s)| report(member, s.as_ref())).collect()
             }
-            _ => desired.iter().map(|(member, _)| report(member, None)).collect(),
+            // No sample this cycle: the members found now, not members the ratios still remember
+            // (a member that left while sampling failed would otherwise come back as a series).
+            _ => desired
+                .iter()
+                .filter(|(m, _)| self.query.members.is_empty() || self.query.members.binary_search(m).is_ok())
+                .map(|(member, _)| report(member, None))
+                .collect(),
         }
     }
 
@@ -708,7 +752,10 @@ async fn sample_within(
     queries: Vec<&PoolQuery>,
     deadline: Duration,
 ) -> Vec<Result<Snapshot, SourceError>> {
-    match tokio::time::timeout(deadline, source.sample(&queries)).await {
+    // Members' own reads stop a tenth early, so a slow one is its own failure and the rest of the
+    // sample still arrives before the deadline cuts everything.
+    let budget = deadline.saturating_sub(deadline / 10);
+    match tokio::time::timeout(deadline, source.sample_within(&queries, Some(budget))).await {
         Ok(r) => r,
         Err(_) => queries
             .iter()

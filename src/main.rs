@@ -207,6 +207,10 @@ async fn check(path: &std::path::Path, offline: bool) -> ExitCode {
     match loaded {
         Ok(cfg) => {
             print!("{}", llm_load_controller::plan::describe(&cfg));
+            // YAML comments, so the plan still parses.
+            for (field, why) in cfg.cautions() {
+                println!("# caution: {field}: {why}");
+            }
             if offline {
                 // YAML comments: the plan above still parses as it does without --offline.
                 let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -36,6 +36,15 @@ impl RatioRange {
         if self.max == 0 {
             out.push(("max".into(), "must be > 0".into()));
         }
+        if self.max > llm_lc_adapters::MAX_RATIO {
+            out.push((
+                "max".into(),
+                format!(
+                    "must be <= {} (BIG-IP's largest ratio; no load balancer tells more apart)",
+                    llm_lc_adapters::MAX_RATIO
+                ),
+            ));
+        }
         if self.min > self.max {
             out.push(("min".into(), "must be <= ratio.max".into()));
         }
@@ -46,5 +55,22 @@ impl RatioRange {
             ));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_range_is_bounded_on_both_sides() {
+        assert!(RatioRange::default().validate().is_empty());
+        let top = RatioRange { min: 1, max: llm_lc_adapters::MAX_RATIO };
+        assert!(top.validate().is_empty());
+        let huge = RatioRange { min: 1, max: 100_000_000 };
+        let problems = huge.validate();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].0, "max");
+        assert!(problems[0].1.contains("65535"), "{problems:?}");
     }
 }

@@ -301,14 +301,14 @@ impl Reloader {
     pub async fn apply(&mut self, new_cfg: Config, controller: &mut Option<Controller>) -> bool {
         let telemetry = self.builder.telemetry.clone();
         let old = controller.take();
-        let seeds = old.as_ref().map(Controller::computed_ratios).unwrap_or_default();
+        let seeds = old.as_ref().map(Controller::carried).unwrap_or_default();
         if let Some(mut old) = old {
             old.shutdown().await;
         }
         warn_restart_only(&self.cfg, &new_cfg);
         match self.builder.build(&new_cfg) {
             Ok(mut c) => {
-                c.seed_ratios(&seeds);
+                c.seed(&seeds);
                 *controller = Some(c);
                 self.before_reload = telemetry.last_report();
                 let interval_changed = new_cfg.interval != self.cfg.interval;
@@ -328,10 +328,10 @@ impl Reloader {
     }
 
     /// Build the controller of the config in force (after a failed swap, or retried every cycle).
-    pub fn rebuild(&self, seeds: &BTreeMap<String, llm_lc_adapters::Ratios>) -> Option<Controller> {
+    pub fn rebuild(&self, seeds: &BTreeMap<String, crate::controller::Carried>) -> Option<Controller> {
         match self.builder.build(&self.cfg) {
             Ok(mut c) => {
-                c.seed_ratios(seeds);
+                c.seed(seeds);
                 Some(c)
             }
             Err(e) => {

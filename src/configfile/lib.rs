@@ -65,6 +65,12 @@ pub fn deserialize_yaml<T: serde::de::DeserializeOwned>(path: &Path, text: &str)
             message.truncate(idx);
         }
         let field = if field == "." { String::new() } else { field };
+        // serde_path_to_error writes `?` for a map key that is not a plain scalar (`? [a]` in
+        // YAML): say what it is rather than print a question mark as if it were a field.
+        let (field, mut message) = match field.strip_suffix(".?").or_else(|| (field == "?").then_some("")) {
+            Some(parent) => (parent.to_string(), format!("a key that is not a plain name: {message}")),
+            None => (field.replace(".?.", ".<key that is not a plain name>."), message),
+        };
         if let Some((head, rest)) = message.split_once(": ") {
             if !head.is_empty() && field.starts_with(head) {
                 message = rest.to_string();
@@ -82,4 +88,31 @@ pub fn problems_in(path: &Path, problems: Vec<(String, String)>) -> ConfigErrors
             .map(|(field, message)| ConfigError { file: path.to_path_buf(), location: None, field, message })
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Pool {
+        name: String,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Doc {
+        pools: Vec<Pool>,
+    }
+
+    #[test]
+    fn a_key_that_is_not_a_name_is_named_as_such_not_as_a_question_mark() {
+        let text = "pools:\n  - name: a\n    ? [x]\n    : 1\n";
+        let e = deserialize_yaml::<Doc>(Path::new("c.yaml"), text).expect_err("refused");
+        let shown = e.to_string();
+        assert!(!shown.contains(".?"), "{shown}");
+        assert!(shown.contains("pools[0]: a key that is not a plain name"), "{shown}");
+    }
 }

@@ -342,9 +342,20 @@ impl Source {
 
     /// Sample every pool given; one result per pool, in order.
     pub async fn sample(&self, pools: &[&PoolQuery]) -> Vec<Result<Snapshot, SourceError>> {
+        self.sample_within(pools, None).await
+    }
+
+    /// As [`Source::sample`], each member's reads (direct scrape) ending within `budget`: one slow
+    /// member then costs only its own sample. Prometheus answers for all members at once and is
+    /// bounded by its own `timeout` and the caller's deadline.
+    pub async fn sample_within(
+        &self,
+        pools: &[&PoolQuery],
+        budget: Option<Duration>,
+    ) -> Vec<Result<Snapshot, SourceError>> {
         match self {
             Source::Prometheus(p) => p.sample(pools).await,
-            Source::Scrape(s) => s.sample(pools).await,
+            Source::Scrape(s) => s.sample_within(pools, budget).await,
         }
     }
 

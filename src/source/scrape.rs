@@ -11,6 +11,12 @@
 //! a huge or slow page costs bounded memory and CPU, and the cycle's deadline can interrupt it
 //! between chunks. Members that cannot be read are listed in the snapshot's `failures` with a reason.
 //!
+//! A slow member costs only itself: within a cycle each member's reads (its page, then `/props`)
+//! share one budget, the cycle's deadline less a margin ([`ScrapeSource::sample_within`]). A page
+//! the budget cuts short is that member's failure (`timeout`, named in the log by the controller);
+//! a `/props` read cut short is recorded as a failed read, so its retry interval applies and the
+//! page still counts. The other members' samples arrive either way.
+//!
 //! Counter ratios (llama.cpp's time per generated token, prompt-cache share) are rated the same
 //! way as histograms. Slot counts of servers that publish them at `GET /props` (llama.cpp) are read
 //! there, rarely ([`super::props`]); a pool's configured `slots` fill in where that fails.
@@ -151,16 +157,33 @@ impl ScrapeSource {
         props::parse_total_slots(&body)
     }
 
-    /// The page of `m`, with its slot count from `/props` where its pools want one.
-    async fn fetch_page(&self, m: &MemberId, wants: Wants, token: Option<&str>) -> Result<Page, Failure> {
-        let mut page = self.fetch(m, wants.page, token).await?;
+    /// The page of `m`, with its slot count from `/props` where its pools want one, both read
+    /// before `by` (when given).
+    async fn fetch_page(
+        &self,
+        m: &MemberId,
+        wants: Wants,
+        token: Option<&str>,
+        by: Option<Budget>,
+    ) -> Result<Page, Failure> {
+        let mut page = match within(by, self.fetch(m, wants.page, token)).await {
+            Some(r) => r?,
+            None => {
+                let detail = by.map(|b| b.cut_short()).unwrap_or_default();
+                let what = format!("scrape source {:?} member {m}", self.name);
+                return Err((FailureReason::Timeout, SourceError::Unreachable { what, detail }));
+            }
+        };
         let Some(marker_name) = wants.props else { return Ok(page) };
         let marker = marker_name.as_deref().and_then(|n| page.reading.get(n)).map(|t| t.sum);
         let due = self.slots.lock().unwrap_or_else(|p| p.into_inner()).due(m, marker, Instant::now());
         page.slots = match due {
             Due::Keep(slots) => slots,
             Due::Read => {
-                let result = self.read_props(m, token).await;
+                let result = match within(by, self.read_props(m, token)).await {
+                    Some(r) => r,
+                    None => Err(format!("GET /props: {}", by.map(|b| b.cut_short()).unwrap_or_default())),
+                };
                 let mut cache = self.slots.lock().unwrap_or_else(|p| p.into_inner());
                 if cache.record(m, marker, &result, Instant::now()) {
                     if let Err(e) = &result {
@@ -231,11 +254,24 @@ impl ScrapeSource {
         m: &'a MemberId,
         wants: Wants,
         token: Option<&str>,
+        by: Option<Budget>,
     ) -> (&'a MemberId, Result<Page, Failure>) {
-        (m, self.fetch_page(m, wants, token).await)
+        (m, self.fetch_page(m, wants, token, by).await)
     }
 
+    /// Sample every pool given, each member's reads bounded only by the client's timeout.
     pub async fn sample(&self, pools: &[&PoolQuery]) -> Vec<Result<Snapshot, SourceError>> {
+        self.sample_within(pools, None).await
+    }
+
+    /// Sample every pool given, every member's reads done within `budget` from now (when given):
+    /// a member still reading then is its own failure, not the whole sample's.
+    pub async fn sample_within(
+        &self,
+        pools: &[&PoolQuery],
+        budget: Option<Duration>,
+    ) -> Vec<Result<Snapshot, SourceError>> {
+        let by = budget.map(|b| Budget { until: tokio::time::Instant::now() + b, length: b });
         let token = match self.token.as_ref().map(|t| t.resolve()).transpose() {
             Ok(t) => t,
             Err(e) => return pools.iter().map(|_| Err(SourceError::Config(e.clone()))).collect(),
@@ -257,7 +293,7 @@ impl ScrapeSource {
         let mut fetches = Vec::with_capacity(distinct.len());
         for m in distinct {
             let w = wants.remove(m).unwrap_or_default();
-            fetches.push(self.fetch_one(m, w, token.as_deref()));
+            fetches.push(self.fetch_one(m, w, token.as_deref(), by));
         }
         let fetched: HashMap<&MemberId, Result<Page, Failure>> =
             stream::iter(fetches).buffer_unordered(self.concurrency).collect().await;
@@ -280,6 +316,31 @@ impl ScrapeSource {
         // counters' baseline moves once, so a second pool does not see a zero-length window.
         let mut means = HashMap::new();
         pools.iter().map(|pool| pool_snapshot(pool, &fetched, &mut last, &mut means)).collect()
+    }
+}
+
+/// The time one sample's reads of each member must end by.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    until: tokio::time::Instant,
+    length: Duration,
+}
+
+impl Budget {
+    fn cut_short(&self) -> String {
+        format!(
+            "no answer within the cycle's budget of {:?} (the interval, less a margin); the other \
+             members are read all the same",
+            self.length
+        )
+    }
+}
+
+/// `fut`, or `None` if `by` came first.
+async fn within<T>(by: Option<Budget>, fut: impl std::future::Future<Output = T>) -> Option<T> {
+    match by {
+        Some(b) => tokio::time::timeout_at(b.until, fut).await.ok(),
+        None => Some(fut.await),
     }
 }
 

@@ -17,6 +17,13 @@ pub struct Running {
 impl Running {
     /// `bin run --config` with `interval`, a free `listen` port and `body` (sources, pools).
     pub fn start(bin: &Path, interval: &str, body: &str) -> Running {
+        Running::start_capped(bin, interval, body, None)
+    }
+
+    /// As [`Running::start`], with the process's address space capped at `address_space` bytes
+    /// (`prlimit --as`): an allocation past it aborts the controller, as a container's memory
+    /// limit would kill it.
+    pub fn start_capped(bin: &Path, interval: &str, body: &str, address_space: Option<u64>) -> Running {
         let dir = tempfile::tempdir().expect("tmp");
         let listen = ports::free_port();
         let cfg = dir.path().join("controller.yaml");
@@ -24,7 +31,15 @@ impl Running {
             .expect("config");
         let out = Command::new(bin).args(["check", "--config"]).arg(&cfg).output().expect("check");
         assert!(out.status.success(), "config rejected: {}", String::from_utf8_lossy(&out.stderr));
-        let child = Command::new(bin)
+        let mut cmd = match address_space {
+            Some(bytes) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--as={bytes}")).arg("--").arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = cmd
             .args(["run", "--config"])
             .arg(&cfg)
             .stdout(Stdio::null())
@@ -37,6 +52,24 @@ impl Running {
     /// The port of its HTTP API (`/metrics`, `/v1/ratios`, Envoy's EDS).
     pub fn listen(&self) -> u16 {
         self.listen
+    }
+
+    /// The config file it runs from (rewrite it to make the controller reload).
+    pub fn config_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("controller.yaml")
+    }
+
+    /// Whether the process is still running (not exited, not killed by an abort).
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Its peak resident memory so far (`VmHWM`), in bytes.
+    pub fn peak_rss(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
     }
 
     pub fn log(&self) -> String {
