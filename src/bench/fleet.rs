@@ -410,8 +410,8 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
     if sc.kv_scale.len() != n {
         return Err("the scenario needs one KV scale per replica".into());
     }
-    for (&speed, &kv) in sc.speeds.iter().zip(&sc.kv_scale) {
-        let profile = replica_profile(&spec.profile, kv);
+    for (r, (&speed, &kv)) in sc.speeds.iter().zip(&sc.kv_scale).enumerate() {
+        let profile = replica_profile(&spec.profile, kv, sc.max_num_seqs_of(r));
         let mut engine = Engine::new(&profile, speed).map_err(|e| e.to_string())?;
         engine.set_token_events(true);
         reps.push(Replica {

@@ -182,6 +182,9 @@ pub struct ScenarioReport {
     pub speeds: Vec<f64>,
     /// Fraction of the profile's KV cache per replica.
     pub kv_scale: Vec<f64>,
+    /// Each replica's own batch limit, where the scenario gives one (empty: none does).
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub max_num_seqs: Vec<Option<u32>>,
     pub duration_s: f64,
     pub warmup_s: f64,
     pub seed: u64,
@@ -332,8 +335,10 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
         .map_err(anyhow::Error::msg)?;
     let mut per_replica = Vec::with_capacity(sc.speeds.len());
     let mut at_start = Vec::with_capacity(sc.speeds.len());
-    for ((&speed, &rate_speed), &kv) in sc.speeds.iter().zip(&sc.rate_speeds).zip(&sc.kv_scale) {
-        let p = scenario::replica_profile(&settings.profile, kv);
+    for (r, ((&speed, &rate_speed), &kv)) in
+        sc.speeds.iter().zip(&sc.rate_speeds).zip(&sc.kv_scale).enumerate()
+    {
+        let p = scenario::replica_profile(&settings.profile, kv, sc.max_num_seqs_of(r));
         let one = capacity::replica_rps(&p, sc.mix).map_err(anyhow::Error::msg)?;
         per_replica.push(rate_speed * one);
         at_start.push(speed * one);
@@ -389,6 +394,7 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
         replicas: sc.speeds.len(),
         speeds: sc.speeds.clone(),
         kv_scale: sc.kv_scale.clone(),
+        max_num_seqs: sc.max_num_seqs.clone(),
         duration_s: sc.duration_s,
         warmup_s: sc.warmup_s,
         seed: settings.seed,

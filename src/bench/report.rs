@@ -32,6 +32,12 @@ fn header(r: &ScenarioReport) -> String {
             String::new()
         } else {
             format!("; KV {}", r.kv_scale.iter().map(|s| format!("{s:.2}")).collect::<Vec<_>>().join("/"))
+        } + &if r.max_num_seqs.is_empty() {
+            String::new()
+        } else {
+            let limits: Vec<String> =
+                r.max_num_seqs.iter().map(|m| m.map_or("-".to_string(), |m| m.to_string())).collect();
+            format!("; batch limits {}", limits.join("/"))
         },
         r.arrival_rps,
         r.capacity_rps,

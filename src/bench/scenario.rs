@@ -70,6 +70,7 @@ pub const NAMES: &[&str] = &[
     "mem-only",
     "slow-drift",
     "shared-backends",
+    "batch-limits",
     "large",
     "region-spill",
     "shared-prefix",
@@ -108,6 +109,9 @@ pub struct Scenario {
     pub speeds: Vec<f64>,
     /// Fraction of the profile's KV cache each replica has (1 = as profiled).
     pub kv_scale: Vec<f64>,
+    /// Batch limit (vLLM `--max-num-seqs`) of each replica where it is not the profile's; empty:
+    /// the profile's everywhere. Published nowhere: the controller sees it only in behaviour.
+    pub max_num_seqs: Vec<Option<u32>>,
     pub speed_changes: Vec<SpeedChange>,
     /// Speeds at which 100% load is computed (the start, except where the fleet drifts for good).
     pub rate_speeds: Vec<f64>,
@@ -135,6 +139,9 @@ pub const DRIFT_STEP_S: f64 = 15.0;
 /// Default measured length of the grid scenarios; with the warm-up a run is 12 virtual minutes.
 pub const DEFAULT_DURATION_S: f64 = 720.0;
 pub const DEFAULT_WARMUP_S: f64 = 120.0;
+
+/// `batch-limits`: the batch limit of the replicas that have one of their own.
+pub const BATCH_LIMIT: u32 = 24;
 
 /// `region-spill`: the round trip between the two regions (e.g. US East to US West is 60-80 ms).
 pub const REGION_RTT_S: f64 = 0.08;
@@ -199,6 +206,7 @@ pub fn build(
     let mut s = Scenario {
         name: name.to_string(),
         kv_scale: vec![1.0; n],
+        max_num_seqs: vec![],
         speeds: equal,
         speed_changes: vec![],
         rate_speeds: vec![],
@@ -257,6 +265,14 @@ pub fn build(
         "shared-backends" => {
             s.external = (0..n).map(|i| [0.6, 0.0, 0.3, 0.0, 0.15, 0.0][i % 6]).collect();
         }
+        "batch-limits" => {
+            // What the seed demo is about, on the model of real vLLM: replicas that differ in a
+            // limit no metric publishes. 1 and 4 run at most BATCH_LIMIT requests at once (a
+            // latency-tuned `--max-num-seqs`), 2 and 5 are slower with half the memory.
+            s.max_num_seqs = (0..n).map(|i| (i % 3 == 1).then_some(BATCH_LIMIT)).collect();
+            s.speeds = (0..n).map(|i| if i % 3 == 2 { 0.6 } else { 1.0 }).collect();
+            s.kv_scale = (0..n).map(|i| if i % 3 == 2 { 0.5 } else { 1.0 }).collect();
+        }
         "shared-prefix" => s.mix = LengthMix::SharedPrefix,
         "multi-turn" => s.mix = LengthMix::MultiTurn,
         "region-spill" if n < 2 => return Err("region-spill needs at least 2 replicas (two regions)".into()),
@@ -280,15 +296,26 @@ pub fn build(
     Ok(s)
 }
 
-/// The profile of a replica with `kv_scale` of the base profile's KV blocks.
-pub fn replica_profile(base: &ModelProfile, kv_scale: f64) -> ModelProfile {
-    if kv_scale == 1.0 {
-        return base.clone();
-    }
+/// The profile of a replica with `kv_scale` of the base profile's KV blocks and, where given, its
+/// own batch limit.
+pub fn replica_profile(base: &ModelProfile, kv_scale: f64, max_num_seqs: Option<u32>) -> ModelProfile {
     let mut p = base.clone();
-    p.num_gpu_blocks = ((base.num_gpu_blocks as f64) * kv_scale).round().max(1.0) as u32;
-    p.name = format!("{}-kv{:.2}", base.name, kv_scale);
+    if kv_scale != 1.0 {
+        p.num_gpu_blocks = ((base.num_gpu_blocks as f64) * kv_scale).round().max(1.0) as u32;
+        p.name = format!("{}-kv{:.2}", p.name, kv_scale);
+    }
+    if let Some(seqs) = max_num_seqs.filter(|&m| m != base.max_num_seqs) {
+        p.max_num_seqs = seqs.max(1);
+        p.name = format!("{}-seqs{seqs}", p.name);
+    }
     p
+}
+
+impl Scenario {
+    /// Replica `r`'s own batch limit, if it has one.
+    pub fn max_num_seqs_of(&self, r: usize) -> Option<u32> {
+        self.max_num_seqs.get(r).copied().flatten()
+    }
 }
 
 #[cfg(test)]
@@ -321,10 +348,15 @@ mod tests {
         assert_eq!(s.kv_scale[1], 1.0 / 3.0);
         assert_eq!(s.speeds[1], 0.5);
         let base = ModelProfile::llama_8b_h100();
-        let small = replica_profile(&base, s.kv_scale[1]);
+        let small = replica_profile(&base, s.kv_scale[1], None);
         assert_eq!(small.num_gpu_blocks, 8333);
         small.validate().unwrap();
-        assert_eq!(replica_profile(&base, 1.0), base);
+        assert_eq!(replica_profile(&base, 1.0, None), base);
+        let limited = replica_profile(&base, 1.0, Some(BATCH_LIMIT));
+        assert_eq!((limited.max_num_seqs, limited.num_gpu_blocks), (BATCH_LIMIT, base.num_gpu_blocks));
+        let b = build("batch-limits", None, None, None).unwrap();
+        assert_eq!(b.max_num_seqs_of(1), Some(BATCH_LIMIT));
+        assert_eq!(b.max_num_seqs_of(0), None);
     }
 
     #[test]

@@ -373,7 +373,8 @@ fn a_replica_slowed_to_a_third_is_written_within_three_cycles_under_the_f5_chang
         Some(Sample {
             waiting,
             running: 100.0,
-            kv_usage: Some(0.4),
+            // Over half full: a queue here is not read as a batch limit (the policy's `ROOMY`).
+            kv_usage: Some(0.6),
             latency: Some(latency),
             service: None,
             queue_time: None,

@@ -4,6 +4,13 @@
 //!
 //! Capacity is taken from what binds: memory (`running / KV usage`, capped by the batch limit),
 //! else the slot count, else what a queueing server runs (a full server shows its own limit).
+//! The batch limit is read from behaviour before any declared number: a server that runs the same
+//! count in two new readings in a row while requests wait and its memory has room (KV usage under
+//! [`ROOMY`]) shows its limit (its first reading alone, when it has no other); a server that runs
+//! more than the limit learnt shows a higher one.
+//! Engines publish no batch limit (vLLM's `max_num_seqs` is nowhere on its page) and a small
+//! model's KV usage makes `running / usage` say "hundreds" of any server, so without this a
+//! `--max-num-seqs 1` replica looks as big as a `--max-num-seqs 4` one.
 //! Service time is a time that carries no queueing: the time running, else llama.cpp's time per
 //! generated token, else latency less queue time; only without any of those the end-to-end
 //! latency, learnt while the server does not queue (a queued server's latency carries the waits
@@ -26,6 +33,9 @@ const SLOWDOWN: f64 = 1.5;
 const TRIM_PERIOD: Duration = Duration::from_secs(15);
 /// KV usage from which a server is memory-bound: it preempts requests and recomputes them.
 pub(super) const MEMORY_BOUND: f64 = 0.9;
+/// KV usage under which requests that wait do not wait for memory: what the server runs is its
+/// batch limit. (Between this and [`MEMORY_BOUND`] a long prompt may wait for blocks.)
+pub(super) const ROOMY: f64 = 0.5;
 /// How long after a server was memory-bound its times may still carry preemptions: the times are
 /// means over a window (Prometheus `rate(...[1m])`), the KV usage is of this instant.
 const MEMORY_BOUND_ECHO: Duration = Duration::from_secs(60);
@@ -54,6 +64,11 @@ pub(super) struct Member {
     since_full: Option<Duration>,
     /// The queue rule's cut (see [`super::queue_rule`]).
     pub queue_cut: Option<f64>,
+    /// The batch limit the member has shown (see the module docs); `None` until it has.
+    pub limit: Option<f64>,
+    /// What the last new reading ran, if requests waited then and memory had room: a second such
+    /// reading with the same count confirms it as the limit.
+    queued_running: Option<f64>,
 }
 
 impl Member {
@@ -90,8 +105,12 @@ impl Estimator<'_> {
     /// once rather than smoothed). From memory where the server publishes KV usage (capped by its
     /// slots or `max_num_seqs`); from its slot count where it publishes none; and, without either,
     /// from what it runs while it queues.
-    fn capacity_shown(&self, s: &Sample) -> Option<(f64, bool)> {
-        let limit = s.slots.unwrap_or(self.params.max_num_seqs);
+    fn capacity_shown(&self, s: &Sample, learnt: Option<f64>) -> Option<(f64, bool)> {
+        // At its learnt limit with requests waiting and memory to spare: that is what it holds.
+        if queued_with_room(s) && learnt == Some(s.running) {
+            return Some((s.running, true));
+        }
+        let limit = learnt.or(s.slots).unwrap_or(self.params.max_num_seqs);
         match (s.kv_usage, s.slots) {
             (Some(kv), _) => {
                 (s.running >= MIN_RUNNING && kv >= MIN_USAGE).then(|| ((s.running / kv).min(limit), false))
@@ -114,9 +133,11 @@ impl Estimator<'_> {
     pub fn observe(&self, mut m: Member, s: &Sample) -> Member {
         m.unread += self.interval;
         m.trim_weight = 0.0;
-        if self.is_new(m.age, s.age) {
+        let new = self.is_new(m.age, s.age);
+        if new {
             m.trim_weight = self.trim_weight(m.unread);
             m.unread = Duration::ZERO;
+            learn_limit(&mut m, s);
         }
         m.age = Some(s.age);
         // Memory-bound needs a memory reading: a llama.cpp server with every slot busy does not
@@ -126,7 +147,7 @@ impl Estimator<'_> {
             if memory_bound { Some(Duration::ZERO) } else { m.since_full.map(|d| d + self.interval) };
         // Memory per request is a hardware constant times the workload's mix: smoothed only (the
         // mix on one server at one instant is noisy, and memory does not change suddenly).
-        if let Some((k, exact)) = self.capacity_shown(s) {
+        if let Some((k, exact)) = self.capacity_shown(s, m.limit) {
             m.k = Some(self.blend(m.k, k, exact));
         }
         self.observe_service(&mut m, s, memory_bound);
@@ -159,5 +180,30 @@ impl Estimator<'_> {
                 m.s = Some(l * s.running.max(1.0).min(in_system) / in_system.max(1.0));
             }
         }
+    }
+}
+
+/// Requests wait, something runs, and memory has room: the server is at its batch limit.
+fn queued_with_room(s: &Sample) -> bool {
+    s.waiting >= 1.0 && s.running >= 1.0 && s.kv_usage.is_none_or(|kv| kv < ROOMY)
+}
+
+/// Learn the batch limit from one new reading (a reading seen again must not confirm itself).
+/// One queued reading can be a transient (a burst being admitted step by step), two in a row
+/// with the same count are the limit; running more than the limit always raises it. A member's
+/// very first reading is taken as it is: it is all there is (a dry run's `--once` has nothing
+/// else), and the readings after it correct it either way.
+fn learn_limit(m: &mut Member, s: &Sample) {
+    let first = m.age.is_none();
+    if queued_with_room(s) {
+        if first || m.queued_running == Some(s.running) {
+            m.limit = Some(s.running);
+        }
+        m.queued_running = Some(s.running);
+    } else {
+        m.queued_running = None;
+    }
+    if m.limit.is_some_and(|l| s.running > l) {
+        m.limit = Some(s.running);
     }
 }
