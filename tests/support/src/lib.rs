@@ -1,6 +1,6 @@
 //! Test support shared by the integration tests of every crate in the workspace.
 //!
-//! Real servers (Prometheus, HAProxy, Envoy, llama.cpp) are started on free loopback ports with generated configs
+//! Real servers (Prometheus, HAProxy, Envoy, llama.cpp, vLLM) are started on free loopback ports with generated configs
 //! in temp dirs and killed on drop; readiness is polled with a deadline, never slept for. With the
 //! `tools` feature (the root crate's tests), helpers for the proxy and the simulated fleet too.
 
@@ -17,4 +17,5 @@ pub mod prometheus;
 pub mod proxy;
 #[cfg(feature = "tools")]
 pub mod sim;
+pub mod vllm;
 pub mod wait;

@@ -1,0 +1,182 @@
+//! The real vLLM (0.32, the CPU build, `tests/vllm/`) in the loop, on the seed demo's own story:
+//! two servers of one model, `--max-num-seqs 4` and `1`, behind a real HAProxy `balance leastconn`.
+//! vLLM publishes no batch limit and a tiny model's KV usage is ~0.002, so nothing on the page says
+//! the second server is a quarter of the first; what it does says so (it runs 1 while 2 wait). The
+//! controller, with its defaults (`profile: vllm`, members from the LB), must learn that by direct
+//! scrape and through a real Prometheus, and cut TTFT.
+//!
+//! A vLLM server takes ~2 GB and ~30 s to start: one test starts the pair and runs every check on
+//! it, and the binary runs alone (`.config/nextest.toml`).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use llm_lc_testkit::controller::Running;
+use llm_lc_testkit::haproxy::{standard_config, Haproxy};
+use llm_lc_testkit::llamacpp::{closed_loop_of, prompt, LoadStats};
+use llm_lc_testkit::prometheus::Prometheus;
+use llm_lc_testkit::vllm::{Options, VllmServer, MODEL};
+use llm_lc_testkit::wait;
+
+const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
+
+/// Tokens per request: at ~300 tokens/s per stream a request holds its slot for about a second.
+const TOKENS: u32 = 256;
+/// Closed-loop clients: more than the pair runs at once (4 + 1), so a queue forms somewhere.
+const CLIENTS: usize = 5;
+
+fn body(seed: u64, n: u64) -> serde_json::Value {
+    serde_json::json!({
+        "model": MODEL,
+        "prompt": prompt(seed, n, 40),
+        "max_tokens": TOKENS,
+        "ignore_eos": true,
+        "stream": true,
+        "temperature": 1.0,
+        "seed": n,
+    })
+}
+
+async fn load(url: &str, secs: u64, seed: u64) -> LoadStats {
+    closed_loop_of(url, CLIENTS, Duration::from_secs(secs), move |c, n| body(seed ^ ((c as u64) << 32), n))
+        .await
+}
+
+/// A HAProxy backend `llm` over the servers, `balance leastconn`, equal weights.
+async fn haproxy_over(servers: &[&VllmServer]) -> Haproxy {
+    let lines: String = servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| format!("    server s{i} {} weight 100\n", s.addr()))
+        .collect();
+    Haproxy::start(&standard_config(&format!(
+        "backend llm\n    balance leastconn\n{lines}\nfrontend fe\n    bind 127.0.0.1:{{{{PORT:fe}}}}\n    \
+         timeout client 120s\n    default_backend llm\n"
+    )))
+    .await
+}
+
+/// The weights HAProxy holds for (big, small), once they differ from equal.
+async fn pushed_weights(h: &Haproxy, log: impl Fn() -> String) -> (u32, u32) {
+    wait::until_or(
+        Duration::from_secs(60),
+        "the controller's weights, the 4-seq server at least twice the other's",
+        || async {
+            let w = h.state_weights("llm").await;
+            let (b, s) = (*w.get("s0")?, *w.get("s1")?);
+            (b >= 2 * s.max(1)).then_some((b, s))
+        },
+        log,
+    )
+    .await
+}
+
+fn report(what: &str, s: &LoadStats) {
+    println!(
+        "{what}: TTFT p50 {:?} p90 {:?} p99 {:?}, {} requests, {} failed, {:.0} tok/s",
+        s.ttft_quantile(0.5),
+        s.ttft_quantile(0.9),
+        s.ttft_quantile(0.99),
+        s.completed,
+        s.failed,
+        s.tokens_per_second()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_demo_on_real_vllm_learns_the_batch_limits_and_cuts_ttft() {
+    let servers = VllmServer::start_all(&[Options::new(4, 32, 0), Options::new(1, 32, 1)]).await;
+    let (big, small) = (&servers[0], &servers[1]);
+    let h = haproxy_over(&[big, small]).await;
+    let lb = format!("http://127.0.0.1:{}", h.port("fe"));
+
+    // Equal weights. Meanwhile, the quick start a newcomer types first reads the servers as they
+    // are under that load: one dry-run cycle, no config file.
+    let equal = tokio::spawn({
+        let lb = lb.clone();
+        async move { load(&lb, 20, 1).await }
+    });
+    wait::until(Duration::from_secs(20), "the 1-seq server to queue", || async {
+        (small.gauge("vllm:num_requests_waiting").await? >= 1.0).then_some(())
+    })
+    .await;
+    let out = Command::new(BIN)
+        .args(["run", "--dry-run", "--once", "--output", "json", "--profile", "vllm", "--scrape"])
+        .arg(format!("{},{}", big.addr(), small.addr()))
+        .env_remove("LLMLC_CONFIG")
+        .output()
+        .expect("run --once");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    let ratio = |s: &VllmServer| {
+        v["pools"][0]["members"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["member"] == s.addr().as_str()))
+            .and_then(|m| m["ratio"].as_u64())
+    };
+    let (rb, rs) = (ratio(big).expect("big"), ratio(small).expect("small"));
+    assert!(rb >= 2 * rs, "quick start: the 4-seq server first, at least twice: {rb} vs {rs}\n{v}");
+    let equal = equal.await.expect("load");
+    report("equal weights", &equal);
+
+    // The controller with its defaults, by direct scrape, members from HAProxy's own backend.
+    let sink = format!("{{kind: haproxy, address: '{}', backend: llm}}", h.runtime_address());
+    let ctl = Running::start(
+        Path::new(BIN),
+        "2s",
+        &format!(
+            "sources:\n  direct: {{kind: scrape}}\npools:\n  - name: llm\n    source: direct\n    \
+             profile: vllm\n    members: {{from_lb: true}}\n    sink: {sink}\n"
+        ),
+    );
+    let warm = tokio::spawn({
+        let lb = lb.clone();
+        async move { load(&lb, 8, 2).await }
+    });
+    let by_scrape = pushed_weights(&h, || ctl.log()).await;
+    warm.await.expect("load");
+    let scraped = load(&lb, 20, 3).await;
+    report(&format!("controller by scrape {by_scrape:?}"), &scraped);
+    drop(ctl);
+
+    // The OpenShift path: a real Prometheus scrapes the servers, the controller asks it.
+    for s in ["s0", "s1"] {
+        h.command(&format!("set server llm/{s} weight 100")).await;
+    }
+    let prom = Prometheus::start("vllm", &[big.addr(), small.addr()]).await;
+    let ctl = Running::start(
+        Path::new(BIN),
+        "2s",
+        &format!(
+            "sources:\n  prom: {{kind: prometheus, url: '{}', rate_window: 10s}}\npools:\n  - name: llm\n    \
+             source: prom\n    profile: vllm\n    selector: 'job=\"vllm\"'\n    members: {{from_lb: true}}\n    \
+             sink: {sink}\n",
+            prom.url()
+        ),
+    );
+    let warm = tokio::spawn({
+        let lb = lb.clone();
+        async move { load(&lb, 10, 4).await }
+    });
+    let by_prometheus = pushed_weights(&h, || ctl.log()).await;
+    warm.await.expect("load");
+    let through_prom = load(&lb, 20, 5).await;
+    report(&format!("controller through Prometheus {by_prometheus:?}"), &through_prom);
+
+    assert_eq!((equal.failed, scraped.failed, through_prom.failed), (0, 0, 0), "{:?}", scraped.errors);
+    let p90 = |s: &LoadStats| s.ttft_quantile(0.9).as_secs_f64();
+    assert!(
+        p90(&scraped) <= 0.5 * p90(&equal),
+        "by scrape: TTFT p90 {:?} against {:?} with equal weights",
+        scraped.ttft_quantile(0.9),
+        equal.ttft_quantile(0.9)
+    );
+    assert!(
+        p90(&through_prom) <= 0.5 * p90(&equal),
+        "through Prometheus: TTFT p90 {:?} against {:?} with equal weights",
+        through_prom.ttft_quantile(0.9),
+        equal.ttft_quantile(0.9)
+    );
+}
