@@ -180,3 +180,87 @@ async fn the_seed_demo_on_real_vllm_learns_the_batch_limits_and_cuts_ttft() {
         equal.ttft_quantile(0.9)
     );
 }
+
+/// Long prompts (~1,500 tokens) so that memory, not the batch limit, binds on the small server.
+fn long_body(seed: u64, n: u64) -> serde_json::Value {
+    serde_json::json!({
+        "model": MODEL,
+        "prompt": prompt(seed, n, 1000),
+        "max_tokens": TOKENS,
+        "ignore_eos": true,
+        "stream": true,
+        "temperature": 1.0,
+        "seed": n,
+    })
+}
+
+/// A pair that differs in KV memory only (8 vs 64 MiB, both `--max-num-seqs 8`), eight clients
+/// with long prompts: the controller against every static ratio of a sweep, in one run. Prints the
+/// table of src/bench/RESULTS.md ("Real vLLM"); `tests/vllm/compare.sh` runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a 3-minute measurement; tests/vllm/compare.sh runs it"]
+async fn memory_only_pair_against_a_sweep_of_static_ratios() {
+    let servers = VllmServer::start_all(&[Options::new(8, 64, 0), Options::new(8, 8, 1)]).await;
+    let (big, small) = (&servers[0], &servers[1]);
+    let h = haproxy_over(&[big, small]).await;
+    let lb = format!("http://127.0.0.1:{}", h.port("fe"));
+    let secs = std::env::var("LLMLC_COMPARE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(15u64);
+    let run = |seed: u64| {
+        let lb = lb.clone();
+        async move {
+            closed_loop_of(&lb, 8, Duration::from_secs(secs), move |c, n| {
+                long_body(seed ^ ((c as u64) << 32), n)
+            })
+            .await
+        }
+    };
+    let mut rows = Vec::new();
+    for (b, s) in [(100, 100), (100, 50), (100, 25), (100, 12)] {
+        h.command(&format!("set server llm/s0 weight {b}")).await;
+        h.command(&format!("set server llm/s1 weight {s}")).await;
+        let stats = run(b * 1000 + s).await;
+        rows.push((format!("static {b}/{s}"), stats));
+    }
+    for s in ["s0", "s1"] {
+        h.command(&format!("set server llm/{s} weight 100")).await;
+    }
+    let sink = format!("{{kind: haproxy, address: '{}', backend: llm}}", h.runtime_address());
+    let ctl = Running::start(
+        Path::new(BIN),
+        "2s",
+        &format!(
+            "sources:\n  direct: {{kind: scrape}}\npools:\n  - name: llm\n    source: direct\n    \
+             profile: vllm\n    members: {{from_lb: true}}\n    sink: {sink}\n"
+        ),
+    );
+    let warm = run(7).await;
+    let w = h.state_weights("llm").await;
+    let stats = run(8).await;
+    let w_after = h.state_weights("llm").await;
+    println!("| weights (64 MiB / 8 MiB) | TTFT p50 | TTFT p90 | TTFT p99 | requests | failed | tok/s |");
+    println!("|---|---|---|---|---|---|---|");
+    let line = |name: &str, s: &LoadStats| {
+        println!(
+            "| {name} | {:?} | {:?} | {:?} | {} | {} | {:.0} |",
+            s.ttft_quantile(0.5),
+            s.ttft_quantile(0.9),
+            s.ttft_quantile(0.99),
+            s.completed,
+            s.failed,
+            s.tokens_per_second()
+        )
+    };
+    for (name, s) in &rows {
+        line(name, s);
+    }
+    line(&format!("controller {}/{} -> {}/{}", w["s0"], w["s1"], w_after["s0"], w_after["s1"]), &stats);
+    let _ = warm;
+    drop(ctl);
+    let best = rows.iter().map(|(_, s)| s.ttft_quantile(0.9)).min().expect("rows");
+    assert!(
+        stats.ttft_quantile(0.9).as_secs_f64() <= 1.25 * best.as_secs_f64(),
+        "controller p90 {:?} against the best static {:?}",
+        stats.ttft_quantile(0.9),
+        best
+    );
+}
