@@ -57,17 +57,32 @@ async fn haproxy_over(servers: &[&VllmServer]) -> Haproxy {
     .await
 }
 
-/// The weights HAProxy holds for (big, small), once they differ from equal.
+/// The weights HAProxy holds for (big, small) once the 4-seq server has had at least twice the
+/// other's for three of the controller's cycles (it keeps learning while the load runs: the first
+/// push may come before the big server has shown its own limit).
 async fn pushed_weights(h: &Haproxy, log: impl Fn() -> String) -> (u32, u32) {
+    // Since when the 4-seq server has held at least twice the other's weight (the values may move).
+    let since = std::sync::Mutex::new(None::<std::time::Instant>);
+    let seen = std::sync::Mutex::new(Vec::<(u32, u32)>::new());
     wait::until_or(
-        Duration::from_secs(60),
-        "the controller's weights, the 4-seq server at least twice the other's",
+        Duration::from_secs(90),
+        "the controller's weights, the 4-seq server at least twice the other's for 6 s",
         || async {
             let w = h.state_weights("llm").await;
-            let (b, s) = (*w.get("s0")?, *w.get("s1")?);
-            (b >= 2 * s.max(1)).then_some((b, s))
+            let now = (*w.get("s0")?, *w.get("s1")?);
+            let mut seen = seen.lock().ok()?;
+            if seen.last() != Some(&now) {
+                seen.push(now);
+            }
+            let mut since = since.lock().ok()?;
+            if now.0 < 2 * now.1.max(1) {
+                *since = None;
+                return None;
+            }
+            let at = *since.get_or_insert_with(std::time::Instant::now);
+            (at.elapsed() >= Duration::from_secs(6)).then_some(now)
         },
-        log,
+        || format!("weights seen: {:?}\n{}", seen.lock().map(|s| s.clone()).unwrap_or_default(), log()),
     )
     .await
 }
@@ -133,7 +148,7 @@ async fn the_seed_demo_on_real_vllm_learns_the_batch_limits_and_cuts_ttft() {
     );
     let warm = tokio::spawn({
         let lb = lb.clone();
-        async move { load(&lb, 8, 2).await }
+        async move { load(&lb, 20, 2).await }
     });
     let by_scrape = pushed_weights(&h, || ctl.log()).await;
     warm.await.expect("load");
@@ -158,7 +173,7 @@ async fn the_seed_demo_on_real_vllm_learns_the_batch_limits_and_cuts_ttft() {
     );
     let warm = tokio::spawn({
         let lb = lb.clone();
-        async move { load(&lb, 10, 4).await }
+        async move { load(&lb, 20, 4).await }
     });
     let by_prometheus = pushed_weights(&h, || ctl.log()).await;
     warm.await.expect("load");

@@ -45,7 +45,7 @@ use scenario::Tiering;
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Scenario: homogeneous, heterogeneous, degraded, spike, long-context, ramp, mixed-memory,
-    /// tp-mixed, mem-only, slow-drift, shared-backends, large, region-spill, shared-prefix,
+    /// tp-mixed, mem-only, slow-drift, shared-backends, batch-limits, large, region-spill, shared-prefix,
     /// multi-turn.
     #[arg(long, default_value = "heterogeneous")]
     pub scenario: String,

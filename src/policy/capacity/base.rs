@@ -6,7 +6,7 @@
 //! already handles speed; weighting it again overfeeds the fast replicas). Behind weighted round
 //! robin the LB splits arrivals by ratio, so the base is the throughput capacity `K / s`.
 
-use super::estimate::Member;
+use super::estimate::{queued_with_room, Member};
 use super::params::Mode;
 use crate::source::Sample;
 
@@ -24,7 +24,13 @@ pub(super) struct Base {
 
 impl Base {
     pub fn new(mode: Mode, max_num_seqs: f64, state: &[Member], samples: &[&Sample]) -> Base {
-        let known_k: Vec<f64> = state.iter().filter_map(|m| m.k).collect();
+        // What each member is known to hold, or shows it holds this cycle (queued with room: what
+        // it runs), so one member's evidence sizes the others that have none.
+        let known_k: Vec<f64> = state
+            .iter()
+            .zip(samples)
+            .filter_map(|(m, s)| m.k.or_else(|| queued_with_room(s).then_some(s.running.max(1.0))))
+            .collect();
         let known_s: Vec<f64> = state.iter().filter_map(|m| m.s).collect();
         let mean_k = mean(&known_k).unwrap_or(max_num_seqs);
         let mean_s = mean(&known_s);
@@ -46,13 +52,24 @@ impl Base {
 }
 
 /// Each member's capacity in concurrent requests: its estimate, else the pool's mean; a member
-/// without an estimate that does not queue holds at least what it runs now and one more.
+/// without an estimate that does not queue holds at least what it runs now and one more, and one
+/// that queues while its memory has room holds what it runs (it is at its batch limit: the
+/// 1-seq vLLM beside a 4-seq one, read once by a dry run). Neither is remembered.
 fn capacities(state: &[Member], samples: &[&Sample], mean_k: f64) -> Vec<f64> {
     state
         .iter()
         .zip(samples)
         .map(|(m, s)| {
-            m.k.unwrap_or_else(|| if s.waiting < 1.0 { mean_k.max(s.running + 1.0) } else { mean_k }).max(1.0)
+            m.k.unwrap_or_else(|| {
+                if s.waiting < 1.0 {
+                    mean_k.max(s.running + 1.0)
+                } else if queued_with_room(s) {
+                    s.running
+                } else {
+                    mean_k
+                }
+            })
+            .max(1.0)
         })
         .collect()
 }

@@ -4,10 +4,12 @@
 //!
 //! Capacity is taken from what binds: memory (`running / KV usage`, capped by the batch limit),
 //! else the slot count, else what a queueing server runs (a full server shows its own limit).
-//! The batch limit is read from behaviour before any declared number: a server that runs the same
-//! count in two new readings in a row while requests wait and its memory has room (KV usage under
-//! [`ROOMY`]) shows its limit (its first reading alone, when it has no other); a server that runs
-//! more than the limit learnt shows a higher one.
+//! The batch limit is read from behaviour before any declared number: a server seen in [`PLATEAU`]
+//! new readings running the most it has ever run while requests wait and its memory has room (KV
+//! usage under [`ROOMY`]) shows its limit; a server that runs more than the limit learnt shows a
+//! higher one; and a member with no estimate yet that queues with room holds what it runs, for
+//! that cycle only (one reading, as a dry run's `--once` has; not remembered, so a start-up
+//! transient costs one cycle, not a hundred).
 //! Engines publish no batch limit (vLLM's `max_num_seqs` is nowhere on its page) and a small
 //! model's KV usage makes `running / usage` say "hundreds" of any server, so without this a
 //! `--max-num-seqs 1` replica looks as big as a `--max-num-seqs 4` one.
@@ -36,6 +38,10 @@ pub(super) const MEMORY_BOUND: f64 = 0.9;
 /// KV usage under which requests that wait do not wait for memory: what the server runs is its
 /// batch limit. (Between this and [`MEMORY_BOUND`] a long prompt may wait for blocks.)
 pub(super) const ROOMY: f64 = 0.5;
+/// New readings that must show the most the member has ever run, while requests wait, before
+/// that count is its batch limit. Two in a row were not enough: in the bench a replica admitting a
+/// burst showed 175 of 256 twice (src/bench/RESULTS.md, "Batch limits read from behaviour").
+pub(super) const PLATEAU: u32 = 3;
 /// How long after a server was memory-bound its times may still carry preemptions: the times are
 /// means over a window (Prometheus `rate(...[1m])`), the KV usage is of this instant.
 const MEMORY_BOUND_ECHO: Duration = Duration::from_secs(60);
@@ -66,9 +72,11 @@ pub(super) struct Member {
     pub queue_cut: Option<f64>,
     /// The batch limit the member has shown (see the module docs); `None` until it has.
     pub limit: Option<f64>,
-    /// What the last new reading ran, if requests waited then and memory had room: a second such
-    /// reading with the same count confirms it as the limit.
-    queued_running: Option<f64>,
+    /// The most it has been seen running (a batch limit is never below it).
+    max_running: f64,
+    /// New readings that ran exactly `max_running` while requests waited and memory had room, and
+    /// how many: [`PLATEAU`] of them make it the limit.
+    at_max_queued: Option<(f64, u32)>,
 }
 
 impl Member {
@@ -110,7 +118,8 @@ impl Estimator<'_> {
         if queued_with_room(s) && learnt == Some(s.running) {
             return Some((s.running, true));
         }
-        let limit = learnt.or(s.slots).unwrap_or(self.params.max_num_seqs);
+        // A declared number never caps below what the server is seen running.
+        let limit = learnt.or(s.slots).unwrap_or(self.params.max_num_seqs).max(s.running);
         match (s.kv_usage, s.slots) {
             (Some(kv), _) => {
                 (s.running >= MIN_RUNNING && kv >= MIN_USAGE).then(|| ((s.running / kv).min(limit), false))
@@ -184,24 +193,28 @@ impl Estimator<'_> {
 }
 
 /// Requests wait, something runs, and memory has room: the server is at its batch limit.
-fn queued_with_room(s: &Sample) -> bool {
+pub(super) fn queued_with_room(s: &Sample) -> bool {
     s.waiting >= 1.0 && s.running >= 1.0 && s.kv_usage.is_none_or(|kv| kv < ROOMY)
 }
 
-/// Learn the batch limit from one new reading (a reading seen again must not confirm itself).
-/// One queued reading can be a transient (a burst being admitted step by step), two in a row
-/// with the same count are the limit; running more than the limit always raises it. A member's
-/// very first reading is taken as it is: it is all there is (a dry run's `--once` has nothing
-/// else), and the readings after it correct it either way.
+/// Learn the batch limit from one new reading (a reading seen again must not count twice). A
+/// server never runs more than its limit, so only a queued reading at the most it has ever run
+/// is evidence of it; [`PLATEAU`] such readings (not necessarily in a row: behind a load balancer
+/// that reacts, a small server queues every other cycle) make it the limit, and running more than
+/// the limit always raises it. A burst being admitted step by step shows less than the server has
+/// run before, and is ignored. (Until the limit is known, a member without an estimate that
+/// queues with room counts what it runs, for the cycle only: see `base::capacities`.)
 fn learn_limit(m: &mut Member, s: &Sample) {
-    let first = m.age.is_none();
-    if queued_with_room(s) {
-        if first || m.queued_running == Some(s.running) {
+    if s.running > m.max_running {
+        m.max_running = s.running;
+        m.at_max_queued = None;
+    }
+    if queued_with_room(s) && s.running == m.max_running {
+        let n = m.at_max_queued.map_or(0, |(_, n)| n) + 1;
+        m.at_max_queued = Some((s.running, n));
+        if n >= PLATEAU {
             m.limit = Some(s.running);
         }
-        m.queued_running = Some(s.running);
-    } else {
-        m.queued_running = None;
     }
     if m.limit.is_some_and(|l| s.running > l) {
         m.limit = Some(s.running);

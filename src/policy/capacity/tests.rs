@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::estimate::PLATEAU;
 use super::*;
 use crate::policy::testutil::{self, snap};
 use crate::policy::{PolicyConfig, PoolPolicy};
@@ -847,35 +848,57 @@ fn a_batch_limit_shown_in_behaviour_sets_the_capacity_declared_numbers_cannot() 
     let mut p = policy(Mode::LeastConnections);
     let mut prev = Default::default();
     let seen = [("a:1", s(0.0, 2.0, 0.003, 1.0)), ("b:1", s(2.0, 1.0, 0.001, 1.0))];
-    // One reading could be a burst being admitted; the second confirms the limit.
-    ratios(&mut p, &seen, &mut prev);
+    // From the first reading on (a dry run's `--once`): memory says nothing of either, and `b`
+    // runs 1 while 2 wait, `a` at least 2 and one more.
     let r = ratios(&mut p, &seen, &mut prev);
     assert!(r[0] >= 2 * r[1], "the 4-seq server gets at least twice the 1-seq one's ratio: {r:?}");
-    // Now `a` carries the load and shows its own limit: 4 running while 1 waits, twice.
+    for _ in 0..PLATEAU {
+        ratios(&mut p, &seen, &mut prev);
+    }
+    // Now `a` carries the load and shows its own limit: 4 running while 1 waits, again and again.
     let busy = [("a:1", s(1.0, 4.0, 0.006, 1.0)), ("b:1", s(0.0, 1.0, 0.001, 1.0))];
-    ratios(&mut p, &busy, &mut prev);
+    for _ in 0..PLATEAU {
+        ratios(&mut p, &busy, &mut prev);
+    }
     let r = ratios(&mut p, &busy, &mut prev);
+    // Capacities 4 and 1; the utilization trim of the first phase (`b` full, `a` nearly idle)
+    // still leans toward `a` for a while.
     let share = f64::from(r[0]) / f64::from(r[1]);
-    assert!((3.0..=5.0).contains(&share), "capacities 4 and 1: {r:?}");
+    assert!((3.0..=8.0).contains(&share), "capacities 4 and 1: {r:?}");
 }
 
 #[test]
-fn the_batch_limit_is_learnt_only_from_two_new_readings_with_room_to_spare() {
+fn the_batch_limit_is_learnt_only_from_a_plateau_of_new_readings_with_room_to_spare() {
     let params = CapacityParams::default();
     let e = Estimator { params: &params, interval: Duration::from_secs(5) };
     let at = |w: f64, r: f64, kv: f64, age_s: u64| Sample {
         age: Duration::from_secs(age_s),
         ..testutil::sample(w, r, kv)
     };
-    // A first reading is all there is: taken as it is.
-    assert_eq!(e.observe(Member::new(), &at(3.0, 8.0, 0.05, 1)).limit, Some(8.0));
-    // Later, the same reading seen again (a Prometheus sample older by one interval) confirms nothing.
-    let m = e.observe(Member::new(), &at(0.0, 2.0, 0.05, 1));
-    let m = e.observe(m, &at(3.0, 8.0, 0.05, 1));
-    let m = e.observe(m, &at(3.0, 8.0, 0.05, 6));
-    assert_eq!(m.limit, None, "a repeat is not a second reading");
+    // The same reading seen again (a Prometheus sample older by one interval) confirms nothing.
+    let mut m = Member::new();
+    for age in [1, 6, 11, 1, 6] {
+        m = e.observe(m, &at(3.0, 8.0, 0.05, age));
+    }
+    assert_eq!(m.limit, None, "two readings, each seen again, are not a plateau of {PLATEAU}");
     let m = e.observe(m, &at(3.0, 8.0, 0.05, 1));
     assert_eq!(m.limit, Some(8.0));
+    // Readings below the most it has run are a burst being admitted, not the limit; readings
+    // without a queue in between do not undo the count (a small server behind a load balancer
+    // that reacts queues every other cycle).
+    let mut n = Member::new();
+    for (w, r) in [(3.0, 8.0), (0.0, 5.0), (3.0, 7.0), (3.0, 8.0), (0.0, 2.0)] {
+        n = e.observe(n, &at(w, r, 0.05, 1));
+    }
+    assert_eq!(n.limit, None, "two readings at the most it ran");
+    let n = e.observe(n, &at(4.0, 8.0, 0.05, 1));
+    assert_eq!(n.limit, Some(8.0));
+    // A transient at the start is overruled by running more later.
+    let mut t0 = Member::new();
+    for (w, r) in [(2.0, 2.0), (0.0, 40.0), (2.0, 2.0), (2.0, 2.0)] {
+        t0 = e.observe(t0, &at(w, r, 0.05, 1));
+    }
+    assert_eq!(t0.limit, None, "it has run 40: 2 is not its limit");
     // A burst being admitted shows a different count each time: no limit.
     let mut t = e.observe(Member::new(), &at(0.0, 10.0, 0.1, 1));
     for running in [30.0, 40.0, 55.0] {
@@ -884,7 +907,7 @@ fn the_batch_limit_is_learnt_only_from_two_new_readings_with_room_to_spare() {
     assert_eq!(t.limit, None);
     // Waiting with memory more than half full may be waiting for memory: not a batch limit.
     let mut full = Member::new();
-    for _ in 0..3 {
+    for _ in 0..2 * PLATEAU {
         full = e.observe(full, &at(2.0, 12.0, 0.7, 1));
     }
     assert_eq!(full.limit, None);
