@@ -196,11 +196,12 @@ async fn the_seed_demo_on_real_vllm_learns_the_batch_limits_and_cuts_ttft() {
     );
 }
 
-/// Long prompts (~1,500 tokens) so that memory, not the batch limit, binds on the small server.
+/// Long prompts (~1,400 tokens with the tests' tokenizer) so that memory, not the batch limit,
+/// binds on the small server (8 MiB: 4,096 tokens, two such requests).
 fn long_body(seed: u64, n: u64) -> serde_json::Value {
     serde_json::json!({
         "model": MODEL,
-        "prompt": prompt(seed, n, 1000),
+        "prompt": prompt(seed, n, 400),
         "max_tokens": TOKENS,
         "ignore_eos": true,
         "stream": true,
@@ -271,6 +272,15 @@ async fn memory_only_pair_against_a_sweep_of_static_ratios() {
     line(&format!("controller {}/{} -> {}/{}", w["s0"], w["s1"], w_after["s0"], w_after["s1"]), &stats);
     let _ = warm;
     drop(ctl);
+    for (name, s) in rows.iter().chain([&("controller".to_string(), stats.clone())]) {
+        assert!(
+            s.failed == 0 && s.completed > 0,
+            "{name}: {} completed, {} failed: {:?}",
+            s.completed,
+            s.failed,
+            s.errors
+        );
+    }
     let best = rows.iter().map(|(_, s)| s.ttft_quantile(0.9)).min().expect("rows");
     assert!(
         stats.ttft_quantile(0.9).as_secs_f64() <= 1.25 * best.as_secs_f64(),
