@@ -87,6 +87,36 @@ async fn pushed_weights(h: &Haproxy, log: impl Fn() -> String) -> (u32, u32) {
     .await
 }
 
+/// The controller with its defaults (`profile: vllm`, members from HAProxy) on `source`: load runs
+/// until its weights favour the 4-seq server for 6 s, then the measured run. Returns that run.
+async fn controlled(
+    h: &Haproxy,
+    lb: &str,
+    what: &str,
+    source: &str,
+    pool: &str,
+    sink: &str,
+    seed: u64,
+) -> LoadStats {
+    let ctl = Running::start(
+        Path::new(BIN),
+        "2s",
+        &format!(
+            "sources:\n  {source}\npools:\n  - name: llm\n    {pool}\n    profile: vllm\n    \
+             members: {{from_lb: true}}\n    sink: {sink}\n"
+        ),
+    );
+    let warm = tokio::spawn({
+        let lb = lb.to_string();
+        async move { load(&lb, 20, seed).await }
+    });
+    let weights = pushed_weights(h, || ctl.log()).await;
+    warm.await.expect("load");
+    let measured = load(lb, 20, seed + 1).await;
+    report(&format!("controller {what} {weights:?}"), &measured);
+    measured
+}
+
 fn report(what: &str, s: &LoadStats) {
     println!(
         "{what}: TTFT p50 {:?} p90 {:?} p99 {:?}, {} requests, {} failed, {:.0} tok/s",
@@ -138,47 +168,17 @@ async fn the_seed_demo_on_real_vllm_learns_the_batch_limits_and_cuts_ttft() {
 
     // The controller with its defaults, by direct scrape, members from HAProxy's own backend.
     let sink = format!("{{kind: haproxy, address: '{}', backend: llm}}", h.runtime_address());
-    let ctl = Running::start(
-        Path::new(BIN),
-        "2s",
-        &format!(
-            "sources:\n  direct: {{kind: scrape}}\npools:\n  - name: llm\n    source: direct\n    \
-             profile: vllm\n    members: {{from_lb: true}}\n    sink: {sink}\n"
-        ),
-    );
-    let warm = tokio::spawn({
-        let lb = lb.clone();
-        async move { load(&lb, 20, 2).await }
-    });
-    let by_scrape = pushed_weights(&h, || ctl.log()).await;
-    warm.await.expect("load");
-    let scraped = load(&lb, 20, 3).await;
-    report(&format!("controller by scrape {by_scrape:?}"), &scraped);
-    drop(ctl);
+    let scraped =
+        controlled(&h, &lb, "by scrape", "direct: {kind: scrape}", "source: direct", &sink, 2).await;
 
     // The OpenShift path: a real Prometheus scrapes the servers, the controller asks it.
     for s in ["s0", "s1"] {
         h.command(&format!("set server llm/{s} weight 100")).await;
     }
     let prom = Prometheus::start("vllm", &[big.addr(), small.addr()]).await;
-    let ctl = Running::start(
-        Path::new(BIN),
-        "2s",
-        &format!(
-            "sources:\n  prom: {{kind: prometheus, url: '{}', rate_window: 10s}}\npools:\n  - name: llm\n    \
-             source: prom\n    profile: vllm\n    selector: 'job=\"vllm\"'\n    members: {{from_lb: true}}\n    \
-             sink: {sink}\n",
-            prom.url()
-        ),
-    );
-    let warm = tokio::spawn({
-        let lb = lb.clone();
-        async move { load(&lb, 20, 4).await }
-    });
-    let by_prometheus = pushed_weights(&h, || ctl.log()).await;
-    warm.await.expect("load");
-    let through_prom = load(&lb, 20, 5).await;
-    report(&format!("controller through Prometheus {by_prometheus:?}"), &through_prom);
+    let source = format!("prom: {{kind: prometheus, url: '{}', rate_window: 10s}}", prom.url());
+    let pool = "source: prom\n    selector: 'job=\"vllm\"'";
+    let through_prom = controlled(&h, &lb, "through Prometheus", &source, pool, &sink, 4).await;
 
     assert_eq!((equal.failed, scraped.failed, through_prom.failed), (0, 0, 0), "{:?}", scraped.errors);
     let p90 = |s: &LoadStats| s.ttft_quantile(0.9).as_secs_f64();
