@@ -197,7 +197,9 @@ async fn the_seed_demo_on_real_vllm_learns_the_batch_limits_and_cuts_ttft() {
 }
 
 /// Long prompts (~1,400 tokens with the tests' tokenizer) so that memory, not the batch limit,
-/// binds on the small server (8 MiB: 4,096 tokens, two such requests).
+/// binds on the small server (8 MiB: 4,096 tokens, two such requests). No per-request `seed`:
+/// on vLLM 0.32 for CPU a seeded request whose prompt is prefilled in chunks kills the engine
+/// ("CPU Generator does not use offset"; every request after it answers 500).
 fn long_body(seed: u64, n: u64) -> serde_json::Value {
     serde_json::json!({
         "model": MODEL,
@@ -206,7 +208,6 @@ fn long_body(seed: u64, n: u64) -> serde_json::Value {
         "ignore_eos": true,
         "stream": true,
         "temperature": 1.0,
-        "seed": n,
     })
 }
 
