@@ -26,6 +26,7 @@ const TOKENS: u32 = 256;
 /// Closed-loop clients: more than the pair runs at once (4 + 1), so a queue forms somewhere.
 const CLIENTS: usize = 5;
 
+/// A streaming completion of `TOKENS` tokens. No per-request `seed` (see [`long_body`]).
 fn body(seed: u64, n: u64) -> serde_json::Value {
     serde_json::json!({
         "model": MODEL,
@@ -34,7 +35,6 @@ fn body(seed: u64, n: u64) -> serde_json::Value {
         "ignore_eos": true,
         "stream": true,
         "temperature": 1.0,
-        "seed": n,
     })
 }
 
