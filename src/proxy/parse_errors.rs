@@ -18,6 +18,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::errors::ProxyApiError;
 
+/// hyper's own error answer is a status line and two or three short headers.
+const MAX_HEAD: usize = 512;
+
 /// A client connection whose hyper-made parse-error answers are rewritten with JSON bodies.
 pub struct JsonParseErrors<T> {
     inner: T,
@@ -31,8 +34,13 @@ impl<T> JsonParseErrors<T> {
     }
 }
 
-/// The JSON answer for hyper's empty one in `head`, if `head` is one.
+/// The JSON answer for hyper's empty one in `head`, if `head` is one. Every write of every
+/// response passes here, so anything that is not a 4xx status line is turned away on its first
+/// ten bytes, before any scan of the buffer.
 pub fn rewrite(head: &[u8]) -> Option<Vec<u8>> {
+    if !head.starts_with(b"HTTP/1.1 4") || head.len() > MAX_HEAD {
+        return None;
+    }
     let text = std::str::from_utf8(head).ok()?;
     if !text.ends_with("\r\n\r\n") {
         return None;
@@ -166,5 +174,7 @@ mod tests {
         assert_eq!(rewrite(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"), None);
         assert_eq!(rewrite(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 12\r\n\r\n"), None);
         assert_eq!(rewrite(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n"), None, "a head cut short");
+        // A body chunk that happens to end a line pair is not looked into.
+        assert_eq!(rewrite(b"data: {\"x\": 1}\r\n\r\n"), None);
     }
 }
