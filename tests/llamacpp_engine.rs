@@ -16,6 +16,7 @@ use llm_lc_adapters::MemberId;
 use llm_lc_testkit::controller::Running;
 use llm_lc_testkit::haproxy::{standard_config, Haproxy};
 use llm_lc_testkit::llamacpp::{closed_loop, LlamaServer, LoadStats, Options};
+use llm_lc_testkit::measure::{median_by, off};
 use llm_lc_testkit::prometheus::Prometheus;
 use llm_lc_testkit::wait;
 use llm_load_controller::config::{JoinConfig, PrometheusConfig, ScrapeConfig};
@@ -411,12 +412,6 @@ async fn prefill_token_s(url: &str) -> f64 {
     ((long.0 - short.0) / (long.1 - short.1)).max(0.0) / 1e3
 }
 
-/// The middle element of `v` by `key` (the upper one of an even count).
-fn median_by<T>(mut v: Vec<T>, key: impl Fn(&T) -> f64) -> T {
-    v.sort_by(|a, b| key(a).total_cmp(&key(b)));
-    v.swap_remove(v.len() / 2)
-}
-
 /// The fidelity run's request: a ~68-token prompt and 64 tokens out.
 const FIDELITY_PROMPT_TOKENS: f64 = 68.0;
 const FIDELITY_OUTPUT_TOKENS: f64 = 64.0;
@@ -472,11 +467,6 @@ async fn sim_llama_server(profile: &llm_lc_sim::ModelProfile, slots: u32) -> llm
     cfg.metrics_style = MetricsStyle::Llamacpp;
     cfg.replicas[0].slots = Some(slots);
     start_fleet(cfg).await.expect("sim starts")
-}
-
-/// Relative difference of `sim` from `real`.
-fn off(sim: f64, real: f64) -> f64 {
-    (sim - real).abs() / real.abs().max(1e-9)
 }
 
 /// The same open-loop load (seeded Poisson arrivals, the same prompts, 64 tokens) on a real

@@ -367,3 +367,37 @@ async fn a_member_in_two_pools_gets_its_timings_in_both_and_a_returning_one_star
     let s = snap.members[&id].as_ref().expect("read");
     assert_eq!((s.latency, s.service), (None, None), "a new window after coming back");
 }
+
+/// Real vLLM 0.32 pages (`tests/vllm/fixtures/`, captured from `tests/vllm/serve.sh`): one without
+/// `vllm:cache_config_info` and with its labels renamed reads the same, and a server that restarted
+/// between two readings (its counters fell from 9 requests to 0) gives no timing rather than a
+/// negative one, then a fresh window from the restart on.
+#[tokio::test]
+async fn a_real_vllm_page_is_read_from_what_it_has_and_a_restart_is_no_negative_rate() {
+    let quiet = include_str!("vllm/fixtures/metrics-0.32.0.txt");
+    let busy = include_str!("vllm/fixtures/metrics-0.32.0-busy.txt");
+    let stripped: String = busy
+        .lines()
+        .filter(|l| !l.contains("vllm:cache_config_info"))
+        .map(|l| l.replace("model_name=", "served_model=").replace("engine=", "engine_index=") + "\n")
+        .collect();
+    for page in [busy, stripped.as_str()] {
+        let t = MetricsTarget::start(page).await;
+        let snap = source("{}").sample(&[&pool(&[t.member()])]).await.remove(0).expect("sampled");
+        let s = snap.members[&MemberId::from(t.member().as_str())].as_ref().expect("read");
+        assert_eq!((s.waiting, s.running), (5.0, 1.0));
+        assert!(s.kv_usage.is_some_and(|kv| (kv - 0.00787).abs() < 1e-4), "{:?}", s.kv_usage);
+    }
+    let t = MetricsTarget::start(quiet).await;
+    let (src, p, id) = (source("{}"), pool(&[t.member()]), MemberId::from(t.member().as_str()));
+    src.sample(&[&p]).await;
+    t.set(busy);
+    let snap = src.sample(&[&p]).await.remove(0).expect("sampled");
+    let s = snap.members[&id].as_ref().expect("read after the restart");
+    assert_eq!((s.latency, s.service, s.queue_time), (None, None, None), "counters fell: no window");
+    t.set(quiet);
+    let snap = src.sample(&[&p]).await.remove(0).expect("sampled");
+    let s = snap.members[&id].as_ref().expect("read");
+    let latency = s.latency.expect("a window from the restart on");
+    assert!((latency - 4.5651633739471436 / 9.0).abs() < 1e-9, "{latency}");
+}

@@ -10,6 +10,7 @@ pub mod envoy;
 pub mod haproxy;
 pub mod kube;
 pub mod llamacpp;
+pub mod measure;
 pub mod metrics_target;
 pub mod ports;
 pub mod prometheus;

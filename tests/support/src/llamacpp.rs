@@ -175,7 +175,8 @@ pub struct LoadStats {
     pub errors: Vec<String>,
     pub tokens: usize,
     pub wall: Duration,
-    /// `llamacpp:requests_deferred` read every [`QUEUE_SAMPLE`] during an open-loop run.
+    /// The server's queue gauge (`llamacpp:requests_deferred`, `vllm:num_requests_waiting`) read
+    /// every [`QUEUE_SAMPLE`] during an open-loop run.
     pub deferred: Vec<f64>,
 }
 
@@ -328,6 +329,23 @@ pub async fn closed_loop_of(
 /// many are still running; meanwhile the server's `llamacpp:requests_deferred` is read every
 /// [`QUEUE_SAMPLE`]. Returns when the last request has finished.
 pub async fn open_loop(base_url: &str, rate: f64, requests: u64, tokens: u32, seed: u64) -> LoadStats {
+    open_loop_of(base_url, rate, requests, seed, "llamacpp:requests_deferred", move |n| {
+        completion(seed, n, tokens)
+    })
+    .await
+}
+
+/// [`open_loop`] with the bodies of its choosing (`body(n)` is request `n`, a streaming
+/// completion) and the queue read from `queue_metric` (summed over its series: vLLM labels every
+/// one with `engine` and `model_name`).
+pub async fn open_loop_of(
+    base_url: &str,
+    rate: f64,
+    requests: u64,
+    seed: u64,
+    queue_metric: &'static str,
+    body: impl Fn(u64) -> serde_json::Value,
+) -> LoadStats {
     use rand::{Rng, SeedableRng};
     let client = load_client();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -344,7 +362,7 @@ pub async fn open_loop(base_url: &str, rate: f64, requests: u64, tokens: u32, se
             let mut tick = tokio::time::interval(QUEUE_SAMPLE);
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 tick.tick().await;
-                if let Some(v) = read_gauge(&client, &url, "llamacpp:requests_deferred").await {
+                if let Some(v) = read_gauge(&client, &url, queue_metric).await {
                     out.push(v);
                 }
             }
@@ -355,10 +373,8 @@ pub async fn open_loop(base_url: &str, rate: f64, requests: u64, tokens: u32, se
     let mut tasks = Vec::new();
     for (n, due) in schedule.into_iter().enumerate() {
         tokio::time::sleep_until((start + due).into()).await;
-        let (client, url) = (client.clone(), format!("{base_url}/v1/completions"));
-        tasks.push(tokio::spawn(async move {
-            one_stream(&client, &url, &completion(seed, n as u64, tokens)).await
-        }));
+        let (client, url, body) = (client.clone(), format!("{base_url}/v1/completions"), body(n as u64));
+        tasks.push(tokio::spawn(async move { one_stream(&client, &url, &body).await }));
     }
     let mut all = LoadStats::default();
     for t in tasks {
@@ -376,10 +392,21 @@ pub async fn metric(base_url: &str, name: &str) -> Option<f64> {
     read_gauge(&reqwest::Client::new(), &format!("{base_url}/metrics"), name).await
 }
 
-/// One unlabelled gauge from a metrics page (llama-server's shape), or `None` if unreadable.
+/// One gauge from a metrics page, summed over its series (llama-server's are unlabelled, vLLM's
+/// carry `engine` and `model_name`), or `None` if unreadable or absent.
 async fn read_gauge(client: &reqwest::Client, url: &str, name: &str) -> Option<f64> {
     let page = client.get(url).timeout(Duration::from_secs(2)).send().await.ok()?.text().await.ok()?;
-    page.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    sum_of_series(&page, name)
+}
+
+/// The sum of the samples of `name` on a text exposition `page` (`None`: no sample).
+pub fn sum_of_series(page: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = page
+        .lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
 /// One streamed completion: its TTFT and the number of text chunks, or why it failed (no answer,

@@ -134,12 +134,7 @@ impl VllmServer {
     /// One gauge of its `/metrics` page, summed over its series (`engine`, `model_name`).
     pub async fn gauge(&self, name: &str) -> Option<f64> {
         let page = reqwest::get(format!("{}/metrics", self.url())).await.ok()?.text().await.ok()?;
-        let values: Vec<f64> = page
-            .lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-            .collect();
-        (!values.is_empty()).then(|| values.iter().sum())
+        crate::llamacpp::sum_of_series(&page, name)
     }
 
     fn signal(&self, sig: &str) {
