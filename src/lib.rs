@@ -26,6 +26,8 @@
 //! controller pieces they drive (the benchmark runs [`cycle::Cycle`] in virtual time); the container
 //! image builds with `--no-default-features` and carries none of them.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod control_loop;
 pub mod controller;

@@ -1,5 +1,7 @@
 //! The `llm-load-controller` command: parse arguments, then hand over to the library.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -141,7 +141,5 @@ impl CycleReport {
 
 /// Now as RFC 3339 UTC, for reports and logs.
 pub fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| "unknown-time".into())
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }

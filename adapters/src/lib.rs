@@ -5,6 +5,8 @@
 //! It owns the shared vocabulary ([`MemberId`], [`Ratios`]) so the controller depends on it, never the
 //! reverse.
 
+#![forbid(unsafe_code)]
+
 pub mod dry_run;
 pub mod envoy;
 pub mod error;

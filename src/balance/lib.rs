@@ -17,6 +17,8 @@
 //!   HAProxy's `hash-type consistent` with `hash-balance-factor`); a request without a key is a
 //!   `weighted-least-request` pick.
 
+#![forbid(unsafe_code)]
+
 pub mod ring;
 
 use rand::{Rng, SeedableRng};

@@ -16,6 +16,8 @@
 //!
 //! Evidence and the defaults chosen from it: `src/bench/RESULTS.md`.
 
+#![forbid(unsafe_code)]
+
 pub mod balancer;
 pub mod capacity;
 pub mod control;

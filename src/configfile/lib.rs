@@ -5,6 +5,8 @@
 //! knows plus the field path (`pools[1].ratio.min`); semantic problems found later are reported the
 //! same way through [`problems_in`].
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 use std::path::{Path, PathBuf};
 

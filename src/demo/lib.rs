@@ -13,6 +13,8 @@
 //! summary per phase (TTFT p50/p99 measured at the client, KV spread = time-average of max minus min
 //! KV usage across replicas) and writes an HTML report with charts.
 
+#![forbid(unsafe_code)]
+
 mod html;
 mod load;
 mod view;

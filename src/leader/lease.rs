@@ -87,21 +87,12 @@ impl Lease {
 /// Now as a Kubernetes `MicroTime`: `2024-05-01T12:00:00.123456Z`. The API server parses it with Go's
 /// layout `2006-01-02T15:04:05.000000Z07:00`, which demands exactly six fractional digits.
 pub fn micro_time_now() -> String {
-    micro_time(time::OffsetDateTime::now_utc())
+    micro_time(std::time::SystemTime::now())
 }
 
-pub fn micro_time(t: time::OffsetDateTime) -> String {
-    let t = t.to_offset(time::UtcOffset::UTC);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second(),
-        t.microsecond()
-    )
+pub fn micro_time(t: std::time::SystemTime) -> String {
+    // humantime prints UTC with exactly the digits asked for, `Z` for the zone.
+    humantime::format_rfc3339_micros(t).to_string()
 }
 
 #[cfg(test)]
@@ -110,7 +101,7 @@ mod tests {
 
     #[test]
     fn micro_time_has_six_digits_and_utc() {
-        let t = time::OffsetDateTime::from_unix_timestamp_nanos(1_700_000_000_000_001_000).expect("valid");
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(1_700_000_000_000_001_000);
         assert_eq!(micro_time(t), "2023-11-14T22:13:20.000001Z");
         let s = micro_time_now();
         assert_eq!(s.len(), 27, "{s}");

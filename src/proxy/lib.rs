@@ -17,6 +17,8 @@
 //! [`guard`] adds guard steps (deny rules, an external guard service) to the routing table;
 //! [`body`] parses request bodies strictly (duplicate keys refused).
 
+#![forbid(unsafe_code)]
+
 pub mod admin;
 pub mod bench;
 pub mod bigip;

@@ -10,6 +10,8 @@
 //!   that steps an engine in (scaled) real time.
 //! - [`run`] is `llm-load-controller sim`.
 
+#![forbid(unsafe_code)]
+
 pub mod driver;
 pub mod engine;
 pub mod fleet;

@@ -4,6 +4,8 @@
 //! in temp dirs and killed on drop; readiness is polled with a deadline, never slept for. With the
 //! `tools` feature (the root crate's tests), helpers for the proxy and the simulated fleet too.
 
+#![forbid(unsafe_code)]
+
 pub mod bigip;
 pub mod controller;
 pub mod envoy;
