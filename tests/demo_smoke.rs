@@ -1,14 +1,15 @@
 //! `demo` end to end in a short run: fleet, proxy, controller and load generator start, every phase
-//! runs, the summary is printed and the HTML report is written.
+//! runs, the controller's weights favour the fast replicas by the end of phase 2, the summary is
+//! printed and the HTML report is written.
 
 use std::process::Command;
 
 #[test]
-fn short_demo_runs_every_phase_and_writes_the_report() {
+fn short_demo_runs_every_phase_weights_the_slow_replica_down_and_writes_the_report() {
     let dir = tempfile::tempdir().expect("tmp");
     let report = dir.path().join("report.html");
     let out = Command::new(env!("CARGO_BIN_EXE_llm-load-controller"))
-        .args(["demo", "--duration", "15s", "--plain", "--report"])
+        .args(["demo", "--duration", "30s", "--plain", "--report"])
         .arg(&report)
         .output()
         .expect("run demo");
@@ -27,6 +28,21 @@ fn short_demo_runs_every_phase_and_writes_the_report() {
             .unwrap_or(0);
         assert!(requests > 0, "{line}");
     }
+    // The weights at the end of phase 2 (the status line at t=20 s, where phase 3 starts): the
+    // controller has moved them off equal, and the slow replica (the last, at 0.4x speed) has less
+    // than every fast one. (With the controller doing nothing they stay [1 1 1 1].)
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("t= 20.0s"))
+        .unwrap_or_else(|| panic!("no t=20 s line:\n{stdout}"));
+    let weights: Vec<f64> = line
+        .rsplit_once("weights [")
+        .and_then(|(_, w)| w.strip_suffix(']'))
+        .map(|w| w.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_default();
+    let (fast, slow) = weights.split_at(weights.len().saturating_sub(1));
+    let mean_fast = fast.iter().sum::<f64>() / fast.len().max(1) as f64;
+    assert!(weights.len() == 4 && fast.iter().all(|f| slow[0] < *f) && slow[0] <= 0.85 * mean_fast, "{line}");
     let html = std::fs::read_to_string(&report).expect("report written");
     assert!(html.contains("<svg") && html.contains("KV-cache usage per replica"), "report lacks charts");
 }

@@ -10,6 +10,10 @@
 //! higher one; and a member with no estimate yet that queues with room holds what it runs, for
 //! that cycle only (one reading, as a dry run's `--once` has; not remembered, so a start-up
 //! transient costs one cycle, not a hundred).
+//! Memory has a twin of that rule: `running / KV usage` is only believed from [`MIN_RUNNING`]
+//! requests up, but a server that runs fewer while requests wait and its memory is over half used
+//! holds what it runs (real vLLM with 8 MiB of KV and 1,400-token prompts holds two; without this
+//! it got the pool's mean and half the traffic).
 //! Engines publish no batch limit (vLLM's `max_num_seqs` is nowhere on its page) and a small
 //! model's KV usage makes `running / usage` say "hundreds" of any server, so without this a
 //! `--max-num-seqs 1` replica looks as big as a `--max-num-seqs 4` one.
@@ -121,9 +125,13 @@ impl Estimator<'_> {
         // A declared number never caps below what the server is seen running.
         let limit = learnt.or(s.slots).unwrap_or(self.params.max_num_seqs).max(s.running);
         match (s.kv_usage, s.slots) {
-            (Some(kv), _) => {
-                (s.running >= MIN_RUNNING && kv >= MIN_USAGE).then(|| ((s.running / kv).min(limit), false))
+            (Some(kv), _) if s.running >= MIN_RUNNING && kv >= MIN_USAGE => {
+                Some(((s.running / kv).min(limit), false))
             }
+            // Too few running to tell memory per request, but requests wait while memory is in
+            // use: the next one did not fit, so this is what the server holds of this mix.
+            (Some(_), _) if queued_with_memory_in_use(s) => Some((s.running, false)),
+            (Some(_), _) => None,
             (None, Some(slots)) => Some((slots, true)),
             (None, None) => (s.waiting >= 1.0 && s.running >= 1.0).then(|| (s.running.min(limit), false)),
         }
@@ -195,6 +203,12 @@ impl Estimator<'_> {
 /// Requests wait, something runs, and memory has room: the server is at its batch limit.
 pub(super) fn queued_with_room(s: &Sample) -> bool {
     s.waiting >= 1.0 && s.running >= 1.0 && s.kv_usage.is_none_or(|kv| kv < ROOMY)
+}
+
+/// Requests wait, something runs, and memory is over half used: the server may be holding all
+/// that its memory allows (a long prompt needs its blocks free before it is admitted).
+pub(super) fn queued_with_memory_in_use(s: &Sample) -> bool {
+    s.waiting >= 1.0 && s.running >= 1.0 && s.kv_usage.is_some_and(|kv| kv >= ROOMY)
 }
 
 /// Learn the batch limit from one new reading (a reading seen again must not count twice). A
