@@ -224,7 +224,12 @@ async fn release_on_shutdown_hands_over_without_waiting_for_expiry() {
     until_leader(&a, true, Duration::from_secs(5), "a to lead").await;
     let b = Leadership::spawn(elector(&kube, &cfg, "b"));
     let watcher = Watcher::start(vec![a.subscribe(), b.subscribe()]);
-    tokio::time::sleep(Duration::from_millis(300)).await; // b has looked at the lease a few times
+    // b has read the lease (it names a as holder), and follows.
+    wait::until(Duration::from_secs(2), "b to see a as leader", || {
+        let h = b.holder().borrow().clone();
+        async move { (h.as_deref() == Some("a")).then_some(()) }
+    })
+    .await;
     assert!(!b.is_leader());
 
     let a_rx = a.subscribe();

@@ -242,7 +242,9 @@ async fn every_query_runs_on_real_prometheus_against_a_real_controller() {
     let prom = Prometheus::start("llm-load-controller", &scraped).await;
     prom.wait_for_series("llmlc_member_weight", 2, Duration::from_secs(30)).await;
     prom.wait_for_series("vllm:num_requests_waiting", 2, Duration::from_secs(30)).await;
-    tokio::time::sleep(Duration::from_secs(2)).await; // a few more scrapes for the rate() windows
+    // The panels' rate() windows need two scrapes of the controller (the vLLM pages here are
+    // gauges only): wait until a rate over its counters answers.
+    prom.wait_for_series("rate(llmlc_cycle_duration_seconds_count[1m])", 1, Duration::from_secs(30)).await;
     let grafana_vars = [("$namespace", ""), ("$vllm_namespace", ""), ("$pool", ".*")];
     let grafana_must =
         ["Leader", "Ratio per member", "Waiting requests", "KV cache usage", "Pool saturation"];
