@@ -251,3 +251,29 @@ async fn output_length_without_max_tokens_and_ignore_eos() {
     assert_eq!(metric(&text, "vllm:request_success_total", &["finished_reason=\"length\""]), Some(2.0));
     assert_eq!(metric(&text, "vllm:generation_tokens_total", &[]), Some(2039.0));
 }
+
+/// `request_overhead_s`: the front end's time before the engine sees a request (real vLLM's is
+/// 5-7 ms on the CPU). A client waits it; the engine's own queue-time histogram does not hold it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_front_end_overhead_delays_the_answer_not_the_engine() {
+    let mut profile = ModelProfile::tiny();
+    profile.request_overhead_s = 0.2;
+    let f = fleet(profile, &[1.0], |_| {}).await;
+    let url = format!("{}/v1/completions", f.urls()[0]);
+    let t0 = Instant::now();
+    let (status, body) =
+        post(&url, &json!({"model": "sim-tiny", "prompt": prompt_of(40), "max_tokens": 2}).to_string()).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(t0.elapsed() >= Duration::from_millis(200), "{:?}", t0.elapsed());
+    let page = client().get(format!("{}/metrics", f.urls()[0])).send().await.expect("metrics");
+    let page = page.text().await.expect("page");
+    let queue_sum: f64 = page
+        .lines()
+        .find_map(|l| l.strip_prefix("vllm:request_queue_time_seconds_sum")?.rsplit(' ').next()?.parse().ok())
+        .expect("queue time on the page");
+    assert!(queue_sum < 0.1, "{queue_sum}");
+    // Not a number of seconds a profile may hold.
+    let mut bad = ModelProfile::tiny();
+    bad.request_overhead_s = f64::NAN;
+    assert!(bad.validate().is_err());
+}

@@ -263,6 +263,7 @@ pub async fn start_fleet(cfg: FleetConfig) -> Result<Fleet, SimError> {
         let models = if rc.models.is_empty() { vec![profile.model.clone()] } else { rc.models.clone() };
         let replica = Arc::new(Replica {
             index: i,
+            front_end: Duration::from_secs_f64(profile.request_overhead_s / cfg.time_scale),
             profile,
             models,
             adapters: rc.lora_adapters.clone(),

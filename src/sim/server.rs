@@ -21,6 +21,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
@@ -47,6 +48,8 @@ use super::tokenize;
 /// Everything one replica's handlers share.
 pub(crate) struct Replica {
     pub index: usize,
+    /// The profile's `request_overhead_s` in real time: how long a request takes to reach the engine.
+    pub front_end: Duration,
     pub profile: ModelProfile,
     /// Served model names; the first is the default and the `model_name` label.
     pub models: Vec<String>,
@@ -270,6 +273,9 @@ async fn generate(r: &Arc<Replica>, g: GenRequest) -> Response {
     let req = EngineRequest { id, prompt_tokens: g.prompt_tokens, max_tokens, eos_after };
     if let Err(e) = Engine::check_sizes(max_model_len, &req) {
         return ApiError::bad_request(e.to_string()).into_response();
+    }
+    if !r.front_end.is_zero() {
+        tokio::time::sleep(r.front_end).await;
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let sub = Submission { req, blocks: g.blocks.clone().into(), adapter, arrived: Instant::now(), tx };
