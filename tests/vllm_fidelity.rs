@@ -72,7 +72,12 @@ async fn measured_profile(real: &VllmServer, seed: u64) -> llm_lc_sim::ModelProf
         for (batch, round) in rounds.iter_mut().enumerate() {
             let before = itl_counters(&real.url()).await;
             let tag = seed ^ (r << 40) ^ ((batch as u64) << 48);
-            let warm = closed_loop_of(&real.url(), batch + 1, Duration::from_secs(3), move |c, n| {
+            // At the batch limit one client more: a request always waits, and the front end
+            // parses and tokenizes it while the engine decodes, as whenever a queue forms (with
+            // exactly as many clients as sequences, the next request is tokenized while the
+            // engine idles between two).
+            let clients = if batch + 1 == seqs as usize { batch + 2 } else { batch + 1 };
+            let warm = closed_loop_of(&real.url(), clients, Duration::from_secs(3), move |c, n| {
                 completion(tag ^ ((c as u64) << 32), n, PROMPT_WORDS, OUTPUT_TOKENS)
             })
             .await;
