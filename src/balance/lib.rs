@@ -19,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod endpoint;
 pub mod ring;
 
 use rand::{Rng, SeedableRng};

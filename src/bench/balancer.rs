@@ -32,11 +32,16 @@
 //! the replica's KV cache holds), scoring each replica by the share of the request's leading
 //! prompt blocks found in its index, weight 3, beside the queue and KV-usage scorers, weight 2 each
 //! (llm-d's published scheduler defaults), with `epp-active`'s per-replica 50 ms refresh phases.
+//!
+//! The three anchors' scoring and the prefix index live in [`llm_lc_balance::endpoint`], where the
+//! reference proxy and the load balancers' doors can reach them; this module keeps the refresh
+//! timing and the benchmark's bookkeeping.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use llm_lc_balance::endpoint::{Anchor, Candidate, Gauges, PrefixIndex};
 use llm_lc_balance::{Algorithm, Picker};
 
 /// A balancer under test. Names are fixed (CLI, JSON, tables).
@@ -184,13 +189,6 @@ impl Balancer {
     }
 }
 
-/// What `epp` knows of one replica: the gauges at its last refresh.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct EppView {
-    pub waiting: u32,
-    pub kv_usage: f64,
-}
-
 /// What a balancer may know of a request: its affinity key and its prompt's block hashes.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Route<'a> {
@@ -199,56 +197,20 @@ pub struct Route<'a> {
     pub blocks: &'a [u64],
 }
 
-/// Weight of the prefix-cache scorer in `epp-prefix` (llm-d's default).
-const EPP_PREFIX_WEIGHT: f64 = 3.0;
-
-/// Block hashes a replica was sent, least recently sent evicted first.
-#[derive(Debug, Clone, Default)]
-struct SentIndex {
-    stamp_of: std::collections::HashMap<u64, u64>,
-    by_stamp: std::collections::BTreeMap<u64, u64>,
-    clock: u64,
-    capacity: usize,
-}
-
-impl SentIndex {
-    fn matched(&self, blocks: &[u64]) -> usize {
-        blocks.iter().take_while(|h| self.stamp_of.contains_key(h)).count()
-    }
-
-    fn record(&mut self, blocks: &[u64]) {
-        for &h in blocks {
-            self.clock += 1;
-            if let Some(old) = self.stamp_of.insert(h, self.clock) {
-                self.by_stamp.remove(&old);
-            }
-            self.by_stamp.insert(self.clock, h);
-        }
-        while self.stamp_of.len() > self.capacity {
-            let Some((_, h)) = self.by_stamp.pop_first() else { break };
-            self.stamp_of.remove(&h);
-        }
-    }
-}
-
-/// Weights of the two scorers in the Inference Extension's default profile.
-const EPP_QUEUE_WEIGHT: f64 = 2.0;
-const EPP_KV_WEIGHT: f64 = 2.0;
-/// Weight of llm-d's active-request scorer in `epp-active` (same as the others).
-const EPP_ACTIVE_WEIGHT: f64 = 2.0;
-
 /// A balancer's state during one run.
 pub struct Lb {
     kind: Balancer,
     picker: Picker,
     /// Separate generator for `epp` ties, so it never disturbs the picker's stream.
     rng: ChaCha8Rng,
-    pub epp: Vec<EppView>,
+    pub epp: Vec<Gauges>,
     ties: Vec<usize>,
     /// Replicas this balancer may choose (all, unless the pool is tiered: `region-spill`).
     eligible: Vec<bool>,
     /// `epp-prefix`: what each replica was sent.
-    sent: Vec<SentIndex>,
+    sent: Vec<PrefixIndex>,
+    /// Scratch space for an endpoint pick's candidates.
+    candidates: Vec<Candidate>,
 }
 
 impl Lb {
@@ -259,17 +221,17 @@ impl Lb {
             kind,
             picker: Picker::new(algo, n, seed),
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0e99),
-            epp: vec![EppView::default(); n],
+            epp: vec![Gauges::default(); n],
             ties: Vec::with_capacity(n),
             eligible: vec![true; n],
             sent: Vec::new(),
+            candidates: Vec::with_capacity(n),
         }
     }
 
     /// `epp-prefix`: each replica's index holds as many blocks as its KV cache.
     pub fn set_cache_blocks(&mut self, blocks: &[u32]) {
-        self.sent =
-            blocks.iter().map(|&b| SentIndex { capacity: b as usize, ..SentIndex::default() }).collect();
+        self.sent = blocks.iter().map(|&b| PrefixIndex::with_capacity(b as usize)).collect();
     }
 
     /// `prefix-affinity`'s load bound (HAProxy's `hash-balance-factor`).
@@ -325,41 +287,27 @@ impl Lb {
     }
 
     fn pick_epp(&mut self, blocks: &[u64]) -> usize {
-        let ok = |i: usize| self.eligible.get(i).copied().unwrap_or(true);
-        let (lo, hi) = self
-            .epp
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| ok(*i))
-            .fold((u32::MAX, 0), |(lo, hi), (_, v)| (lo.min(v.waiting), hi.max(v.waiting)));
-        let active = self.kind == Balancer::EppActive;
-        let prefix = self.kind == Balancer::EppPrefix && !blocks.is_empty();
-        let n = self.epp.len();
-        let (alo, ahi) = (0..n)
-            .filter(|&i| ok(i))
-            .fold((u32::MAX, 0), |(lo, hi), i| (lo.min(self.in_flight(i)), hi.max(self.in_flight(i))));
-        let mut best = f64::NEG_INFINITY;
-        self.ties.clear();
-        for (i, v) in self.epp.iter().enumerate().filter(|(i, _)| ok(*i)) {
-            let queue = if hi == lo { 1.0 } else { (hi - v.waiting) as f64 / (hi - lo) as f64 };
-            let mut score = EPP_QUEUE_WEIGHT * queue + EPP_KV_WEIGHT * (1.0 - v.kv_usage);
-            if active {
-                let a = self.picker.in_flight(i);
-                let own = if ahi == alo { 1.0 } else { (ahi - a) as f64 / (ahi - alo) as f64 };
-                score += EPP_ACTIVE_WEIGHT * own;
-            }
-            if prefix {
-                let matched = self.sent.get(i).map_or(0, |s| s.matched(blocks));
-                score += EPP_PREFIX_WEIGHT * matched as f64 / blocks.len() as f64;
-            }
-            if score > best + 1e-12 {
-                best = score;
-                self.ties.clear();
-                self.ties.push(i);
-            } else if (score - best).abs() <= 1e-12 {
-                self.ties.push(i);
+        let anchor = match self.kind {
+            Balancer::EppActive => Anchor::EppActive,
+            Balancer::EppPrefix => Anchor::EppPrefix,
+            _ => Anchor::Epp,
+        };
+        self.candidates.clear();
+        for (i, gauges) in self.epp.iter().enumerate() {
+            if self.eligible.get(i).copied().unwrap_or(true) {
+                let matched = match anchor {
+                    Anchor::EppPrefix => self.sent.get(i).map_or(0, |s| s.matched(blocks)),
+                    _ => 0,
+                };
+                self.candidates.push(Candidate {
+                    index: i,
+                    gauges: *gauges,
+                    in_flight: self.picker.in_flight(i),
+                    matched,
+                });
             }
         }
+        anchor.best(&self.candidates, blocks.len(), &mut self.ties);
         match self.ties.len() {
             0 => 0,
             1 => self.ties[0],
@@ -384,9 +332,9 @@ mod tests {
     fn epp_prefers_short_queue_and_free_kv_and_ignores_its_own_picks() {
         let mut lb = Lb::new(Balancer::Epp, 3, 1);
         lb.epp = vec![
-            EppView { waiting: 10, kv_usage: 0.9 },
-            EppView { waiting: 0, kv_usage: 0.5 },
-            EppView { waiting: 0, kv_usage: 0.2 },
+            Gauges { waiting: 10, kv_usage: 0.9 },
+            Gauges { waiting: 0, kv_usage: 0.5 },
+            Gauges { waiting: 0, kv_usage: 0.2 },
         ];
         // Stale view: every pick goes to the same best replica until the next refresh.
         for _ in 0..5 {
@@ -398,7 +346,7 @@ mod tests {
     #[test]
     fn epp_active_counts_its_own_picks_and_spreads_them() {
         let mut lb = Lb::new(Balancer::EppActive, 3, 1);
-        lb.epp = vec![EppView { waiting: 0, kv_usage: 0.3 }; 3];
+        lb.epp = vec![Gauges { waiting: 0, kv_usage: 0.3 }; 3];
         let mut c = [0; 3];
         for _ in 0..30 {
             c[lb.pick()] += 1;
@@ -407,9 +355,9 @@ mod tests {
         assert_eq!(c, [10, 10, 10]);
         let mut herd = Lb::new(Balancer::Epp, 3, 1);
         herd.epp = vec![
-            EppView { waiting: 0, kv_usage: 0.3 },
-            EppView { waiting: 0, kv_usage: 0.2 },
-            EppView { waiting: 0, kv_usage: 0.3 },
+            Gauges { waiting: 0, kv_usage: 0.3 },
+            Gauges { waiting: 0, kv_usage: 0.2 },
+            Gauges { waiting: 0, kv_usage: 0.3 },
         ];
         assert!((0..30).all(|_| herd.pick() == 1), "epp herds onto the best-looking replica");
     }
@@ -447,7 +395,7 @@ mod tests {
     fn epp_prefix_follows_the_blocks_it_sent_and_forgets_the_oldest() {
         let mut lb = Lb::new(Balancer::EppPrefix, 3, 1);
         lb.set_cache_blocks(&[100, 100, 100]);
-        lb.epp = vec![EppView { waiting: 0, kv_usage: 0.3 }; 3];
+        lb.epp = vec![Gauges { waiting: 0, kv_usage: 0.3 }; 3];
         let a: Vec<u64> = (0..50).collect();
         let first = lb.pick_route(Route { key: None, blocks: &a });
         // Same gauges everywhere: the replica that was sent the prefix scores 3 more.

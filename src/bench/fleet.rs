@@ -49,12 +49,13 @@ use serde::Serialize;
 
 use std::sync::Arc;
 
-use super::balancer::{Balancer, EppView, Lb, Route};
+use super::balancer::{Balancer, Lb, Route};
 use super::control::{Control, ControlSpec, Controller, Observation};
 use super::prompts::{MultiTurn, Prompt, Session, SharedPrefix};
 use super::scenario::{replica_profile, Scenario, Tiering};
 use super::stats::{percentile, sort, LogHistogram, Spread};
 use super::workload::{Arrivals, LengthMix, Lengths, RateShape};
+use llm_lc_balance::endpoint::Gauges;
 use llm_lc_sim::engine::{Engine, EngineEvent, EngineRequest, EngineStats};
 use llm_lc_sim::profile::ModelProfile;
 
@@ -670,7 +671,7 @@ impl Sim<'_> {
     fn refresh_epp(&mut self, r: usize) {
         let s = self.reps[r].engine.stats();
         for lb in &mut self.lbs {
-            lb.epp[r] = EppView { waiting: s.waiting, kv_usage: s.kv_usage };
+            lb.epp[r] = Gauges { waiting: s.waiting, kv_usage: s.kv_usage };
         }
     }
 
