@@ -97,7 +97,7 @@ fn tiers_of(p: &PoolConfig) -> Option<crate::priority::Tiers> {
 
 /// A stable per-pool seed for the backoff jitter (FNV-1a of the name).
 fn seed_of(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    llm_lc_common::fnv1a64(name.as_bytes())
 }
 
 /// The cycle settings of a pool whose pushes go to `sink` (the dry-run sink with `--dry-run`).

@@ -123,12 +123,7 @@ fn point_counts(weights: &[u32]) -> Vec<u64> {
 }
 
 /// splitmix64's finalizer: spreads keys and points over the ring.
-pub fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+pub use llm_lc_common::splitmix64 as mix;
 
 #[cfg(test)]
 mod tests {

@@ -22,18 +22,8 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 
 /// The palette of every chart we draw (the demo's report too).
 pub fn color(i: usize) -> RGBColor {
-    // Okabe-Ito without its yellow (unreadable on white), readable by colour-blind readers.
-    const C: &[RGBColor] = &[
-        RGBColor(0, 114, 178),
-        RGBColor(230, 159, 0),
-        RGBColor(0, 158, 115),
-        RGBColor(204, 121, 167),
-        RGBColor(86, 180, 233),
-        RGBColor(213, 94, 0),
-        RGBColor(0, 0, 0),
-        RGBColor(128, 128, 128),
-    ];
-    C[i % C.len()]
+    let (r, g, b) = llm_lc_common::PALETTE[i % llm_lc_common::PALETTE.len()];
+    RGBColor(r, g, b)
 }
 
 fn stride(n: usize) -> usize {

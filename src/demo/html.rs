@@ -11,7 +11,11 @@ use plotters::prelude::*;
 use super::load::Outcome;
 use super::{Tick, PHASES};
 
-use llm_lc_bench::plot::color;
+/// Series `i`'s colour: the palette every chart of ours is drawn with.
+fn color(i: usize) -> RGBColor {
+    let (r, g, b) = llm_lc_common::PALETTE[i % llm_lc_common::PALETTE.len()];
+    RGBColor(r, g, b)
+}
 
 /// Width of a chart and of the legend column on its right, in pixels.
 const WIDTH: u32 = 900;

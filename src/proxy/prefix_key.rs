@@ -57,7 +57,7 @@ fn prompt_start(body: &Value) -> Option<&str> {
 
 /// FNV-1a, 64 bits: stable across processes and releases (the ring must agree with itself).
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    llm_lc_common::fnv1a64(bytes)
 }
 
 #[cfg(test)]

@@ -311,12 +311,7 @@ pub struct ResponseMeta {
     pub model: String,
 }
 
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use llm_lc_common::splitmix64;
 
 impl ResponseMeta {
     /// `seq` is unique per server and `salt` tells servers apart; the id has vLLM's shape

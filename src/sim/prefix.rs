@@ -116,9 +116,11 @@ pub fn chain(ids: impl IntoIterator<Item = u64>) -> Vec<u64> {
 pub fn text_chain(text: &str) -> Vec<u64> {
     let chars_per_block = 4 * BLOCK_SIZE as usize;
     let bytes: Vec<char> = text.chars().collect();
-    chain(bytes.chunks_exact(chars_per_block).map(|c| {
-        c.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &ch| (h ^ u64::from(ch)).wrapping_mul(0x100_0000_01b3))
-    }))
+    chain(
+        bytes
+            .chunks_exact(chars_per_block)
+            .map(|c| llm_lc_common::fnv1a64_words(c.iter().map(|&ch| u64::from(ch)))),
+    )
 }
 
 /// The hash chain of a prompt given as token ids, 16 ids per block.
@@ -128,13 +130,7 @@ pub fn token_chain(ids: &[u64]) -> Vec<u64> {
     )
 }
 
-/// splitmix64's finalizer: a cheap, well-spread 64-bit mix.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+use llm_lc_common::splitmix64 as mix;
 
 #[cfg(test)]
 mod tests {

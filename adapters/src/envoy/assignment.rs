@@ -188,14 +188,7 @@ pub fn version_of(cla: &ClusterLoadAssignment) -> String {
     format!("{:016x}", fnv1a64(&bytes))
 }
 
-pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
+pub(crate) use llm_lc_common::fnv1a64;
 
 /// Read an assignment back into held weights (priority 0), naming each endpoint as the controller
 /// names members:
