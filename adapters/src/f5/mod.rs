@@ -312,8 +312,9 @@ impl F5Sink {
             tracing::debug!(pool = %self.label, transaction = id, error = ?err, "commit did not answer cleanly; checking its state");
             match s.call::<wire::Transaction>(&Request::get(&path), self.policy).await {
                 Ok(t) if t.state == "STARTED" && attempt < self.policy.retries => {
+                    // The same growing, jittered wait as every other retry (`retry_backoff`).
+                    tokio::time::sleep(self.policy.delay(attempt)).await;
                     attempt += 1;
-                    tokio::time::sleep(self.policy.backoff).await;
                 }
                 Ok(t) if t.state != "STARTED" => return self.await_outcome(s, id, t, &target).await,
                 _ => return Err(err.into_sink_error(target)),

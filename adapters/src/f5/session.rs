@@ -57,7 +57,7 @@ impl RetryPolicy {
 
     /// Exponential backoff with jitter: attempt 0 waits about `backoff`, then 2x, 4x ..., capped at
     /// 5 s; the wait is drawn from the upper half of that so retries of several sinks spread out.
-    fn delay(&self, attempt: u32) -> Duration {
+    pub(super) fn delay(&self, attempt: u32) -> Duration {
         let full = self.backoff.saturating_mul(1u32 << attempt.min(16)).min(Duration::from_secs(5));
         let half = full / 2;
         half + full.mul_f64(rand::thread_rng().gen_range(0.0..0.5))
