@@ -15,7 +15,6 @@
 //!
 //! Outside Kubernetes (no `KUBERNETES_SERVICE_HOST`, no `api_url`) the process is the only leader.
 
-pub mod api;
 pub mod lease;
 
 use std::path::{Path, PathBuf};
@@ -28,7 +27,7 @@ use serde::{Deserialize, Deserializer};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use api::{ApiError, KubeApi, SERVICE_ACCOUNT_DIR};
+use crate::kube::{ApiError, KubeApi, SERVICE_ACCOUNT_DIR};
 pub use lease::{micro_time_now, Lease, LeaseSpec};
 
 use crate::telemetry::Telemetry;

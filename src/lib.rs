@@ -32,6 +32,7 @@ pub mod config;
 pub mod control_loop;
 pub mod controller;
 pub mod cycle;
+pub mod kube;
 pub mod leader;
 pub mod offline;
 pub mod overrides;

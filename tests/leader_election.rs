@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use llm_lc_testkit::kube::FakeKube;
 use llm_lc_testkit::wait;
 use llm_load_controller::adapters::SecretRef;
-use llm_load_controller::leader::{ApiError, Elector, KubeApi, LeaderElectionConfig, Leadership, Settings};
+use llm_load_controller::kube::{ApiError, KubeApi};
+use llm_load_controller::leader::{Elector, LeaderElectionConfig, Leadership, Settings};
 use tokio::sync::watch;
 
 const NS: &str = "llm";

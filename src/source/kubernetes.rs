@@ -22,7 +22,7 @@ use std::time::Duration;
 use llm_lc_adapters::{MemberId, SecretRef};
 use serde::Deserialize;
 
-use crate::leader::{ApiError, KubeApi, SERVICE_ACCOUNT_DIR};
+use crate::kube::{ApiError, KubeApi, SERVICE_ACCOUNT_DIR};
 use crate::source::SourceError;
 
 /// `members: { kubernetes: {...} }` in the config file.

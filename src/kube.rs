@@ -1,6 +1,6 @@
-//! A small client for the four calls the controller makes to the Kubernetes API: the Lease's get,
-//! create and update (leader election) and the list of a Service's EndpointSlices (members from
-//! Kubernetes, `crate::source::kubernetes`).
+//! `kube`: a small client for the four calls the controller makes to the Kubernetes API: the
+//! Lease's get, create and update (leader election, [`crate::leader`]) and the list of a Service's
+//! EndpointSlices (members from Kubernetes, [`crate::source::kubernetes`]).
 //!
 //! Plain HTTPS against the API server with the pod's service-account token, rather than a full
 //! Kubernetes client library: four calls do not justify kube-rs's dependency tree and build time
@@ -14,7 +14,7 @@ use std::time::Duration;
 use llm_lc_adapters::SecretRef;
 use reqwest::StatusCode;
 
-use super::lease::Lease;
+use crate::leader::lease::Lease;
 
 /// Where a pod finds its service account: token, CA bundle and namespace.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
