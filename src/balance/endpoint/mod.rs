@@ -3,13 +3,18 @@
 //! and an approximate index of the prompt blocks it sent each server ([`prefix`]).
 //!
 //! Here are the anchors the benchmark measures our ratios against, modelled on the Gateway API
-//! Inference Extension's endpoint picker and llm-d's scheduler ([`Anchor`]); the reference proxy
-//! and the load balancers' doors can offer the same code. Pure and deterministic like the rest of
+//! Inference Extension's endpoint picker and llm-d's scheduler ([`Anchor`], and llm-d's newer
+//! [`Sticky`] default with the dispatch [`Accounting`] it needs); the reference proxy and the load
+//! balancers' doors can offer the same code. Pure and deterministic like the rest of
 //! the crate: members are indexes, ties are broken by the caller's seeded generator.
 
+pub mod accounting;
 pub mod prefix;
+pub mod sticky;
 
+pub use accounting::Accounting;
 pub use prefix::PrefixIndex;
+pub use sticky::{Prompt, Sticky, Warmth};
 
 /// What an endpoint picker knows of one member's own gauges, as of its last refresh.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
