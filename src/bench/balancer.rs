@@ -41,8 +41,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use llm_lc_balance::endpoint::{Anchor, Candidate, Gauges, PrefixIndex};
+use llm_lc_balance::endpoint::{Accounting, Anchor, Candidate, Gauges, PrefixIndex, Prompt, Sticky, Warmth};
 use llm_lc_balance::{Algorithm, Picker};
+use llm_lc_sim::profile::BLOCK_SIZE;
 
 /// A balancer under test. Names are fixed (CLI, JSON, tables).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
@@ -69,6 +70,8 @@ pub enum Balancer {
     PrefixAffinity,
     /// `epp`'s scorers plus an approximate prefix-cache scorer (llm-d).
     EppPrefix,
+    /// llm-d's "sticky until saturated" default: warm members first, least uncached tokens in flight.
+    EppSticky,
 }
 
 /// The six balancers of the issue, in report order.
@@ -95,6 +98,7 @@ pub const ALL: &[Balancer] = &[
     Balancer::EppActive,
     Balancer::PrefixAffinity,
     Balancer::EppPrefix,
+    Balancer::EppSticky,
 ];
 
 /// The balancers of the prefix goals (src/bench/RESULTS.md): what we ship, its anchor, and the
@@ -129,6 +133,7 @@ impl Balancer {
             Balancer::StaticRatioLeastRequest => "static-ratio-least-request",
             Balancer::PrefixAffinity => "prefix-affinity",
             Balancer::EppPrefix => "epp-prefix",
+            Balancer::EppSticky => "epp-sticky",
         }
     }
 
@@ -156,12 +161,17 @@ impl Balancer {
 
     /// Whether this balancer reads the servers' gauges (an endpoint picker).
     pub fn is_epp(self) -> bool {
-        matches!(self, Balancer::Epp | Balancer::EppActive | Balancer::EppPrefix)
+        matches!(self, Balancer::Epp | Balancer::EppActive | Balancer::EppPrefix | Balancer::EppSticky)
+    }
+
+    /// Whether this balancer keeps an approximate prefix index of what it sent each replica.
+    pub fn indexes_prefixes(self) -> bool {
+        matches!(self, Balancer::EppPrefix | Balancer::EppSticky)
     }
 
     /// Whether each replica's metrics refresh on their own phase (`epp` refreshes all at once).
     pub fn refreshes_per_replica(self) -> bool {
-        matches!(self, Balancer::EppActive | Balancer::EppPrefix)
+        matches!(self, Balancer::EppActive | Balancer::EppPrefix | Balancer::EppSticky)
     }
 
     /// The LB algorithm the controller's ratios feed, as a policy knows it: `round-robin` for
@@ -184,7 +194,7 @@ impl Balancer {
             }
             Balancer::RatioP2c => Algorithm::WeightedLeastRequestP2c,
             Balancer::PrefixAffinity => Algorithm::PrefixAffinity,
-            Balancer::Epp | Balancer::EppActive | Balancer::EppPrefix => return None,
+            Balancer::Epp | Balancer::EppActive | Balancer::EppPrefix | Balancer::EppSticky => return None,
         })
     }
 }
@@ -195,6 +205,8 @@ pub struct Route<'a> {
     pub key: Option<u64>,
     /// The prompt's full blocks (a prefix of the request's hash chain).
     pub blocks: &'a [u64],
+    /// The prompt's length in tokens (`epp-sticky` counts what is left to prefill).
+    pub prompt_tokens: u32,
 }
 
 /// A balancer's state during one run.
@@ -211,6 +223,12 @@ pub struct Lb {
     sent: Vec<PrefixIndex>,
     /// Scratch space for an endpoint pick's candidates.
     candidates: Vec<Candidate>,
+    /// `epp-sticky`: its settings, what it dispatched, scratch space, and the uncached tokens of
+    /// the last pick (counted once the request has its id: [`Lb::opened`]).
+    sticky: Sticky,
+    accounting: Accounting,
+    warmth: Vec<Warmth>,
+    picked_uncached: u64,
 }
 
 impl Lb {
@@ -226,12 +244,38 @@ impl Lb {
             eligible: vec![true; n],
             sent: Vec::new(),
             candidates: Vec::with_capacity(n),
+            sticky: Sticky::from_prefill_rate(0.0, 0.0),
+            accounting: Accounting::new(n),
+            warmth: Vec::with_capacity(n),
+            picked_uncached: 0,
         }
     }
 
     /// `epp-prefix`: each replica's index holds as many blocks as its KV cache.
     pub fn set_cache_blocks(&mut self, blocks: &[u32]) {
         self.sent = blocks.iter().map(|&b| PrefixIndex::with_capacity(b as usize)).collect();
+    }
+
+    /// `epp-sticky`'s saturation point: tau = `prefill_tokens_per_s` x `max_ttft_s`.
+    pub fn set_sticky(&mut self, prefill_tokens_per_s: f64, max_ttft_s: f64) {
+        self.sticky = Sticky::from_prefill_rate(prefill_tokens_per_s, max_ttft_s);
+    }
+
+    /// The request just picked got id `id` (`epp-sticky` counts its uncached tokens from now on).
+    pub fn opened(&mut self, id: u64, replica: usize) {
+        if self.kind == Balancer::EppSticky {
+            self.accounting.dispatched(id, replica, self.picked_uncached);
+        }
+    }
+
+    /// Request `id`'s first token came back: its prefill no longer loads its replica.
+    pub fn first_token(&mut self, id: u64) {
+        self.accounting.first_token(id);
+    }
+
+    /// Request `id` ended (also for [`Lb::finished`]'s in-flight count, which the caller reports).
+    pub fn closed(&mut self, id: u64) {
+        self.accounting.finished(id);
     }
 
     /// `prefix-affinity`'s load bound (HAProxy's `hash-balance-factor`).
@@ -266,6 +310,7 @@ impl Lb {
     pub fn pick_route(&mut self, route: Route<'_>) -> usize {
         let i = match self.kind {
             Balancer::Epp | Balancer::EppActive | Balancer::EppPrefix => self.pick_epp(route.blocks),
+            Balancer::EppSticky => self.pick_sticky(route),
             _ => {
                 let eligible = &self.eligible;
                 self.picker.pick_keyed(route.key, |i| eligible.get(i).copied().unwrap_or(true)).unwrap_or(0)
@@ -284,6 +329,30 @@ impl Lb {
 
     pub fn in_flight(&self, i: usize) -> u32 {
         self.picker.in_flight(i)
+    }
+
+    fn pick_sticky(&mut self, route: Route<'_>) -> usize {
+        let prompt = Prompt {
+            tokens: u64::from(route.prompt_tokens),
+            blocks: route.blocks.len(),
+            block_tokens: u64::from(BLOCK_SIZE),
+        };
+        self.warmth.clear();
+        for i in 0..self.eligible.len() {
+            if self.eligible[i] {
+                let matched = self.sent.get(i).map_or(0, |s| s.matched(route.blocks));
+                self.warmth.push(Warmth { index: i, in_flight_tokens: self.accounting.tokens(i), matched });
+            }
+        }
+        self.sticky.best(&self.warmth, prompt, &mut self.ties);
+        let i = match self.ties.len() {
+            0 => 0,
+            1 => self.ties[0],
+            n => self.ties[self.rng.gen_range(0..n)],
+        };
+        let matched = self.warmth.iter().find(|w| w.index == i).map_or(0, |w| w.matched);
+        self.picked_uncached = prompt.uncached(matched);
+        i
     }
 
     fn pick_epp(&mut self, blocks: &[u64]) -> usize {
@@ -397,14 +466,14 @@ mod tests {
         lb.set_cache_blocks(&[100, 100, 100]);
         lb.epp = vec![Gauges { waiting: 0, kv_usage: 0.3 }; 3];
         let a: Vec<u64> = (0..50).collect();
-        let first = lb.pick_route(Route { key: None, blocks: &a });
+        let first = lb.pick_route(Route { key: None, blocks: &a, prompt_tokens: 0 });
         // Same gauges everywhere: the replica that was sent the prefix scores 3 more.
-        assert_eq!(lb.pick_route(Route { key: None, blocks: &a }), first);
+        assert_eq!(lb.pick_route(Route { key: None, blocks: &a, prompt_tokens: 0 }), first);
         // A queue there outweighs a half match, not a full one.
         lb.epp[first].waiting = 4;
-        assert_eq!(lb.pick_route(Route { key: None, blocks: &a }), first);
+        assert_eq!(lb.pick_route(Route { key: None, blocks: &a, prompt_tokens: 0 }), first);
         let half: Vec<u64> = (0..25).chain(1000..1025).collect();
-        assert_ne!(lb.pick_route(Route { key: None, blocks: &half }), first);
+        assert_ne!(lb.pick_route(Route { key: None, blocks: &half, prompt_tokens: 0 }), first);
         // 100 blocks of other prompts push the old prefix out of the index.
         lb.epp[first].waiting = 0;
         let other: Vec<u64> = (5000..5100).collect();
@@ -415,13 +484,46 @@ mod tests {
     }
 
     #[test]
+    fn epp_sticky_stays_warm_until_saturated_and_frees_tokens_at_the_first_token() {
+        let mut lb = Lb::new(Balancer::EppSticky, 2, 1);
+        lb.set_cache_blocks(&[1000, 1000]);
+        // tau: 1,000 tokens/s for 1 s.
+        lb.set_sticky(1000.0, 1.0);
+        let blocks: Vec<u64> = (0..10).collect();
+        let route = Route { key: None, blocks: &blocks, prompt_tokens: 160 };
+        let home = lb.pick_route(route);
+        lb.opened(1, home);
+        // Warm now, with 160 uncached tokens in flight against 160 for the same prompt elsewhere
+        // (nothing is cached there): it stays, and its own part there is 0.
+        let again = lb.pick_route(route);
+        assert_eq!(again, home);
+        lb.opened(2, again);
+        assert_eq!(lb.accounting.tokens(home), 160);
+        // Saturated past tau (1,000 tokens): a cold member takes the next one.
+        for id in 3..10 {
+            lb.accounting.dispatched(id, home, 200);
+        }
+        assert_ne!(lb.pick_route(route), home);
+        // First tokens free the prefill load; the ends free the rest.
+        for id in 1..10 {
+            lb.first_token(id);
+        }
+        assert_eq!(lb.accounting.tokens(home), 0);
+        assert_eq!(lb.accounting.requests(home), 9);
+        for id in 1..10 {
+            lb.closed(id);
+        }
+        assert_eq!(lb.accounting.requests(home), 0);
+    }
+
+    #[test]
     fn prefix_affinity_sends_a_key_home_and_plain_requests_by_weight() {
         let mut lb = Lb::new(Balancer::PrefixAffinity, 3, 1);
         lb.set_weights(&[50, 50, 50]);
-        let home = lb.pick_route(Route { key: Some(9), blocks: &[] });
+        let home = lb.pick_route(Route { key: Some(9), blocks: &[], prompt_tokens: 0 });
         lb.finished(home);
         for _ in 0..10 {
-            let i = lb.pick_route(Route { key: Some(9), blocks: &[] });
+            let i = lb.pick_route(Route { key: Some(9), blocks: &[], prompt_tokens: 0 });
             assert_eq!(i, home);
             lb.finished(i);
         }

@@ -59,6 +59,9 @@ use llm_lc_balance::endpoint::Gauges;
 use llm_lc_sim::engine::{Engine, EngineEvent, EngineRequest, EngineStats};
 use llm_lc_sim::profile::ModelProfile;
 
+/// `epp-sticky`'s longest tolerated TTFT: tau = prefill throughput x this (llm-d's guide).
+const STICKY_MAX_TTFT_S: f64 = 18.0;
+
 /// How stale each party's view of the fleet is.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Signals {
@@ -448,9 +451,11 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
         // Instance 0 keeps the single balancer's seed, so `--lb-instances 1` is the plain run.
         let mut lb = Lb::new(spec.balancer, n, (spec.seed ^ 0x1b).wrapping_add(k as u64 * 0x9e37));
         lb.set_balance_factor(spec.hash_balance_factor);
-        if spec.balancer == Balancer::EppPrefix {
+        if spec.balancer.indexes_prefixes() {
             lb.set_cache_blocks(&reps.iter().map(|r| r.engine.stats().num_gpu_blocks).collect::<Vec<_>>());
         }
+        // llm-d's guide: tau = peak prefill throughput x 18 s (287k tokens at 15,928 tokens/s).
+        lb.set_sticky(1.0 / spec.profile.prefill_token_s.max(1e-9), STICKY_MAX_TTFT_S);
         if spec.balancer.uses_ratios() {
             // Before the first push every member has the same ratio, as a freshly configured pool.
             lb.set_weights(&vec![spec.control.initial_ratio(); n]);
@@ -815,9 +820,10 @@ impl Sim<'_> {
             Some(b) => &b[..b.len().min((prompt / llm_lc_sim::profile::BLOCK_SIZE) as usize)],
             None => &[][..],
         };
-        let r = self.lbs[k].pick_route(Route { key, blocks: prompt_blocks });
+        let r = self.lbs[k].pick_route(Route { key, blocks: prompt_blocks, prompt_tokens: prompt });
         let measured = self.in_window(self.now);
         let id = self.new_req(r, k as u16, measured);
+        self.lbs[k].opened(u64::from(id), r);
         self.reqs[id as usize].session = session;
         if measured {
             self.dispatched[r] += 1;
@@ -876,6 +882,9 @@ impl Sim<'_> {
                 EngineEvent::Scheduled { .. } | EngineEvent::Preempted { .. } => {}
                 EngineEvent::FirstToken { id } => {
                     let rtt = self.rtt(r);
+                    if let Some(lb) = self.lbs.get_mut(usize::from(self.reqs[id as usize].lb)) {
+                        lb.first_token(id);
+                    }
                     let q = &mut self.reqs[id as usize];
                     if q.measured {
                         self.ttft.push((now - q.arrival + rtt) as f32);
@@ -943,6 +952,7 @@ impl Sim<'_> {
         self.in_flight -= 1;
         if let Some(lb) = self.lbs.get_mut(usize::from(lb)) {
             lb.finished(r);
+            lb.closed(u64::from(id));
         }
     }
 
