@@ -270,12 +270,17 @@ impl Lb {
 
     /// Request `id`'s first token came back: its prefill no longer loads its replica.
     pub fn first_token(&mut self, id: u64) {
-        self.accounting.first_token(id);
+        // Only `epp-sticky` keeps the accounting: the others pay nothing per event.
+        if self.kind == Balancer::EppSticky {
+            self.accounting.first_token(id);
+        }
     }
 
     /// Request `id` ended (also for [`Lb::finished`]'s in-flight count, which the caller reports).
     pub fn closed(&mut self, id: u64) {
-        self.accounting.finished(id);
+        if self.kind == Balancer::EppSticky {
+            self.accounting.finished(id);
+        }
     }
 
     /// `prefix-affinity`'s load bound (HAProxy's `hash-balance-factor`).

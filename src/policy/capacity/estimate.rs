@@ -78,9 +78,9 @@ pub(super) struct Member {
     pub limit: Option<f64>,
     /// The most it has been seen running (a batch limit is never below it).
     max_running: f64,
-    /// New readings that ran exactly `max_running` while requests waited and memory had room, and
-    /// how many: [`PLATEAU`] of them make it the limit.
-    at_max_queued: Option<(f64, u32)>,
+    /// New readings that ran exactly `max_running` while requests waited and memory had room:
+    /// [`PLATEAU`] of them make it the limit.
+    at_max_queued: u32,
 }
 
 impl Member {
@@ -133,7 +133,8 @@ impl Estimator<'_> {
             (Some(_), _) if queued_with_memory_in_use(s) => Some((s.running, false)),
             (Some(_), _) => None,
             (None, Some(slots)) => Some((slots, true)),
-            (None, None) => (s.waiting >= 1.0 && s.running >= 1.0).then(|| (s.running.min(limit), false)),
+            // A queueing server runs all it can (`limit` is never below what it runs).
+            (None, None) => (s.waiting >= 1.0 && s.running >= 1.0).then_some((s.running, false)),
         }
     }
 
@@ -221,12 +222,11 @@ pub(super) fn queued_with_memory_in_use(s: &Sample) -> bool {
 fn learn_limit(m: &mut Member, s: &Sample) {
     if s.running > m.max_running {
         m.max_running = s.running;
-        m.at_max_queued = None;
+        m.at_max_queued = 0;
     }
     if queued_with_room(s) && s.running == m.max_running {
-        let n = m.at_max_queued.map_or(0, |(_, n)| n) + 1;
-        m.at_max_queued = Some((s.running, n));
-        if n >= PLATEAU {
+        m.at_max_queued += 1;
+        if m.at_max_queued >= PLATEAU {
             m.limit = Some(s.running);
         }
     }
