@@ -16,7 +16,7 @@ use llm_lc_adapters::MemberId;
 use llm_lc_testkit::controller::Running;
 use llm_lc_testkit::haproxy::{standard_config, Haproxy};
 use llm_lc_testkit::llamacpp::{closed_loop, LlamaServer, LoadStats, Options};
-use llm_lc_testkit::measure::{median_by, off};
+use llm_lc_testkit::measure::{median_by, Agreement};
 use llm_lc_testkit::prometheus::Prometheus;
 use llm_lc_testkit::wait;
 use llm_load_controller::config::{JoinConfig, PrometheusConfig, ScrapeConfig};
@@ -500,10 +500,8 @@ async fn the_simulator_against_a_real_llama_server() {
     // simulator is compared with their mean, which cancels a steady drift, and the output shows
     // how far the real engine is from itself. What is compared is the shape: queues and TTFT
     // percentiles under load.
-    let mut worst: f64 = 0.0;
-    let mut worst_self: f64 = 0.0;
-    println!("| slots | rate/s | engine | TTFT p50 | p90 | p99 | mean queue | requests |");
-    println!("|---|---|---|---|---|---|---|---|");
+    let mut agreement = Agreement::default();
+    Agreement::header("slots | rate/s");
     for (slots, load) in cases {
         // Without llama.cpp's RAM prompt cache (8 GiB by default), which would hand run B every
         // prompt of run A (p50 5 against 22 ms in one run): each slot keeps only its last prompt,
@@ -535,28 +533,8 @@ async fn the_simulator_against_a_real_llama_server() {
         );
         for (name, x) in [("real A", &a), ("sim", &s), ("real B", &b)] {
             assert_eq!(x.failed, 0, "{name}: {:?}", x.errors);
-            let ms = |q: f64| x.ttft_quantile(q).as_secs_f64() * 1e3;
-            println!(
-                "| {slots} | {rate:.2} | {name} | {:.0} ms | {:.0} ms | {:.0} ms | {:.2} | {} |",
-                ms(0.5),
-                ms(0.9),
-                ms(0.99),
-                x.mean_deferred(),
-                x.completed
-            );
         }
-        for q in [0.5, 0.9, 0.99] {
-            let t = |x: &LoadStats| x.ttft_quantile(q).as_secs_f64();
-            let real = (t(&a) + t(&b)) / 2.0;
-            worst = worst.max(off(t(&s), real));
-            worst_self = worst_self.max(off(t(&a), real));
-        }
-        // Queues near zero differ by a few readings; compare them on the scale of one request.
-        let real_q = (a.mean_deferred() + b.mean_deferred()) / 2.0;
-        worst = worst.max((s.mean_deferred() - real_q).abs() / real_q.max(1.0));
-        worst_self = worst_self.max((a.mean_deferred() - real_q).abs() / real_q.max(1.0));
+        agreement.add(&format!("{slots} | {rate:.2}"), &a, &s, &b);
     }
-    println!("real A and B from their mean: {:.0}% at worst", worst_self * 100.0);
-    println!("the simulator from the real mean: {:.0}% at worst", worst * 100.0);
-    assert!(worst <= 0.25, "the simulator is {:.0}% off the real engine", worst * 100.0);
+    agreement.check(0.25);
 }

@@ -117,9 +117,10 @@ async fn controlled(
     measured
 }
 
+/// One row of the tables the tests print (RESULTS.md's columns after the first).
 fn report(what: &str, s: &LoadStats) {
     println!(
-        "{what}: TTFT p50 {:?} p90 {:?} p99 {:?}, {} requests, {} failed, {:.0} tok/s",
+        "| {what} | {:?} | {:?} | {:?} | {} | {} | {:.0} |",
         s.ttft_quantile(0.5),
         s.ttft_quantile(0.9),
         s.ttft_quantile(0.99),
@@ -256,21 +257,10 @@ async fn memory_only_pair_against_a_sweep_of_static_ratios() {
     let w_after = h.state_weights("llm").await;
     println!("| weights (64 MiB / 8 MiB) | TTFT p50 | TTFT p90 | TTFT p99 | requests | failed | tok/s |");
     println!("|---|---|---|---|---|---|---|");
-    let line = |name: &str, s: &LoadStats| {
-        println!(
-            "| {name} | {:?} | {:?} | {:?} | {} | {} | {:.0} |",
-            s.ttft_quantile(0.5),
-            s.ttft_quantile(0.9),
-            s.ttft_quantile(0.99),
-            s.completed,
-            s.failed,
-            s.tokens_per_second()
-        )
-    };
     for (name, s) in &rows {
-        line(name, s);
+        report(name, s);
     }
-    line(&format!("controller {}/{} -> {}/{}", w["s0"], w["s1"], w_after["s0"], w_after["s1"]), &stats);
+    report(&format!("controller {}/{} -> {}/{}", w["s0"], w["s1"], w_after["s0"], w_after["s1"]), &stats);
     let _ = warm;
     drop(ctl);
     for (name, s) in rows.iter().chain([&("controller".to_string(), stats.clone())]) {

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use llm_lc_testkit::llamacpp::{closed_loop_of, metric, open_loop_of, prompt, LoadStats};
-use llm_lc_testkit::measure::{median_by, off};
+use llm_lc_testkit::measure::{median_by, Agreement};
 use llm_lc_testkit::vllm::{Options, VllmServer, MODEL};
 
 /// Tokens out per request of the load (and of the step-table runs).
@@ -183,9 +183,8 @@ async fn the_simulator_against_a_real_vllm_server() {
                 .collect()
         })
         .unwrap_or_else(|| vec![(1, 0.6), (4, 0.6)]);
-    let (mut worst, mut worst_self): (f64, f64) = (0.0, 0.0);
-    println!("| max_num_seqs | rate/s | engine | TTFT p50 | p90 | p99 | mean queue | requests |");
-    println!("|---|---|---|---|---|---|---|---|");
+    let mut agreement = Agreement::default();
+    Agreement::header("max_num_seqs | rate/s");
     for (seqs, load) in cases {
         let real = VllmServer::start_all(&[Options::new(seqs, 32, 0)]).await.remove(0);
         let profile = measured_profile(&real, seed).await;
@@ -214,28 +213,8 @@ async fn the_simulator_against_a_real_vllm_server() {
         );
         for (name, x) in [("real A", &a), ("sim", &s), ("real B", &b)] {
             assert_eq!(x.failed, 0, "{name}: {:?}\n{}", x.errors, real.log_tail());
-            let ms = |q: f64| x.ttft_quantile(q).as_secs_f64() * 1e3;
-            println!(
-                "| {seqs} | {rate:.2} | {name} | {:.0} ms | {:.0} ms | {:.0} ms | {:.2} | {} |",
-                ms(0.5),
-                ms(0.9),
-                ms(0.99),
-                x.mean_deferred(),
-                x.completed
-            );
         }
-        for q in [0.5, 0.9, 0.99] {
-            let t = |x: &LoadStats| x.ttft_quantile(q).as_secs_f64();
-            let real = (t(&a) + t(&b)) / 2.0;
-            worst = worst.max(off(t(&s), real));
-            worst_self = worst_self.max(off(t(&a), real));
-        }
-        // Queues near zero differ by a few readings; compare them on the scale of one request.
-        let real_q = (a.mean_deferred() + b.mean_deferred()) / 2.0;
-        worst = worst.max((s.mean_deferred() - real_q).abs() / real_q.max(1.0));
-        worst_self = worst_self.max((a.mean_deferred() - real_q).abs() / real_q.max(1.0));
+        agreement.add(&format!("{seqs} | {rate:.2}"), &a, &s, &b);
     }
-    println!("real A and B from their mean: {:.0}% at worst", worst_self * 100.0);
-    println!("the simulator from the real mean: {:.0}% at worst", worst * 100.0);
-    assert!(worst <= 0.25, "the simulator is {:.0}% off the real engine", worst * 100.0);
+    agreement.check(0.25);
 }
