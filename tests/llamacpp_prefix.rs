@@ -23,22 +23,15 @@
 
 use std::time::Duration;
 
-use llm_lc_testkit::haproxy::{shipped_prefix_config, wait_all_up, with_body_key, Haproxy};
-use llm_lc_testkit::llamacpp::{closed_loop_of, grouped_prompt, metric, LlamaServer, LoadStats, Options};
+use llm_lc_testkit::haproxy::{prefix_pair, PrefixLb as Lb};
+use llm_lc_testkit::llamacpp::{
+    closed_loop_of, group_of, grouped_prompt, metric, LlamaServer, LoadStats, Options,
+};
 
 /// Groups of requests sharing an opening, and the opening's length: ~800 tokens, whose prefill
 /// (~90 ms on one CPU thread) is most of an uncached request's TTFT.
 const GROUPS: u64 = 6;
 const SHARED_WORDS: usize = 600;
-
-/// Which LB setup a run goes through.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Lb {
-    /// deploy/haproxy/haproxy-prefix.cfg as shipped.
-    PrefixHash,
-    /// The same file's `balance leastconn` backend (where requests without a key go).
-    Leastconn,
-}
 
 struct Run {
     stats: LoadStats,
@@ -59,11 +52,7 @@ async fn prompt_tokens(servers: &[LlamaServer]) -> (f64, f64) {
 
 /// Request `n` of client `c`: a group drawn by a seeded hash, its opening, 12 words of its own.
 fn body(seed: u64, c: usize, n: u64) -> serde_json::Value {
-    let mut x = seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n.wrapping_mul(0xD1B5_4A32_D192_ED03);
-    x ^= x >> 31;
-    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x ^= x >> 29;
-    let group = x % GROUPS;
+    let group = group_of(seed, c, n, GROUPS);
     serde_json::json!({
         "prompt": grouped_prompt(group, n * 64 + c as u64, SHARED_WORDS, 12),
         "max_tokens": 16,
@@ -85,20 +74,8 @@ async fn run(lb: Lb, clients: usize, secs: u64, seed: u64, cache_ram_mib: Option
     );
     let servers = [a, b, c];
     let members: Vec<String> = servers.iter().map(|s| s.addr()).collect();
-    // The shipped file with its opt-in body key on (these clients send no header), plus a
-    // frontend straight to its leastconn backend.
-    let cfg = format!(
-        "{}\nfrontend lc\n    bind 127.0.0.1:{{{{PORT:lc}}}}\n    default_backend llm\n",
-        with_body_key(&shipped_prefix_config(&members), 512)
-    );
-    let hx = Haproxy::start(&cfg).await;
-    for backend in ["llm_prefix", "llm"] {
-        wait_all_up(&hx, backend, &["vllm-0", "vllm-1", "vllm-2"]).await;
-    }
-    let port = match lb {
-        Lb::PrefixHash => hx.port("fe"),
-        Lb::Leastconn => hx.port("lc"),
-    };
+    let hx = prefix_pair(&members).await;
+    let port = lb.port(&hx);
     let before = prompt_tokens(&servers).await;
     let stats = closed_loop_of(
         &format!("http://127.0.0.1:{port}"),

@@ -14,8 +14,8 @@
 
 use std::time::Duration;
 
-use llm_lc_testkit::haproxy::{shipped_prefix_config, wait_all_up, with_body_key, Haproxy};
-use llm_lc_testkit::llamacpp::{closed_loop_of, grouped_prompt, LoadStats};
+use llm_lc_testkit::haproxy::{prefix_pair, Haproxy, PrefixLb as Lb};
+use llm_lc_testkit::llamacpp::{closed_loop_of, group_of, grouped_prompt, LoadStats};
 use llm_lc_testkit::vllm::{Options, VllmServer, MODEL};
 
 /// Openings per row, and their length in words (~690 tokens of the tiny model's tokenizer, which
@@ -25,15 +25,6 @@ const SHARED_WORDS: usize = 200;
 /// Tokens out: short, so the prompt's prefill is most of a request's time.
 const TOKENS: u32 = 16;
 const CLIENTS: usize = 3;
-
-/// Which LB setup a row goes through.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Lb {
-    /// deploy/haproxy/haproxy-prefix.cfg as shipped, its body key on.
-    PrefixHash,
-    /// The same file's `balance leastconn` backend.
-    Leastconn,
-}
 
 struct Row {
     stats: LoadStats,
@@ -54,11 +45,7 @@ async fn prefix_counters(servers: &[VllmServer]) -> (f64, f64) {
 /// Request `n` of client `c` in the row seeded `seed`: one of the row's openings drawn by a seeded
 /// hash, then 12 words of its own. No per-request `seed` (`vllm_engine.rs` says why).
 fn body(seed: u64, c: usize, n: u64) -> serde_json::Value {
-    let mut x = seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n.wrapping_mul(0xD1B5_4A32_D192_ED03);
-    x ^= x >> 31;
-    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x ^= x >> 29;
-    let group = seed * 1000 + x % GROUPS;
+    let group = seed * 1000 + group_of(seed, c, n, GROUPS);
     serde_json::json!({
         "model": MODEL,
         "prompt": grouped_prompt(group, n * 64 + c as u64, SHARED_WORDS, 12),
@@ -70,10 +57,7 @@ fn body(seed: u64, c: usize, n: u64) -> serde_json::Value {
 }
 
 async fn row(servers: &[VllmServer], hx: &Haproxy, lb: Lb, secs: u64, seed: u64) -> Row {
-    let port = match lb {
-        Lb::PrefixHash => hx.port("fe"),
-        Lb::Leastconn => hx.port("lc"),
-    };
+    let port = lb.port(hx);
     let before = prefix_counters(servers).await;
     let stats = closed_loop_of(
         &format!("http://127.0.0.1:{port}"),
@@ -106,16 +90,7 @@ async fn real_vllm_prefix_table() {
     let servers =
         VllmServer::start_all(&[Options::new(4, 8, 0), Options::new(4, 8, 1), Options::new(4, 8, 0)]).await;
     let members: Vec<String> = servers.iter().map(|s| s.addr()).collect();
-    // The shipped file with its opt-in body key on (these clients send no header), plus a
-    // frontend straight to its leastconn backend.
-    let cfg = format!(
-        "{}\nfrontend lc\n    bind 127.0.0.1:{{{{PORT:lc}}}}\n    default_backend llm\n",
-        with_body_key(&shipped_prefix_config(&members), 512)
-    );
-    let hx = Haproxy::start(&cfg).await;
-    for backend in ["llm_prefix", "llm"] {
-        wait_all_up(&hx, backend, &["vllm-0", "vllm-1", "vllm-2"]).await;
-    }
+    let hx = prefix_pair(&members).await;
     println!(
         "\n| LB | prompt tokens cached | TTFT p50 | p90 | p99 | requests | tok/s |\n|---|---|---|---|---|---|---|"
     );

@@ -72,6 +72,40 @@ pub fn with_body_key(cfg: &str, bytes: usize) -> String {
         .replace("bytes(0,512)", &format!("bytes(0,{bytes})"))
 }
 
+/// Which way a prefix-affinity measurement sends its requests through [`prefix_pair`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixLb {
+    /// deploy/haproxy/haproxy-prefix.cfg as shipped, its body key on.
+    PrefixHash,
+    /// The same file's `balance leastconn` backend.
+    Leastconn,
+}
+
+impl PrefixLb {
+    /// The frontend port of `hx` (from [`prefix_pair`]) that goes this way.
+    pub fn port(self, hx: &Haproxy) -> u16 {
+        match self {
+            PrefixLb::PrefixHash => hx.port("fe"),
+            PrefixLb::Leastconn => hx.port("lc"),
+        }
+    }
+}
+
+/// The shipped prefix config over three `members` with its opt-in body key on (the first 512
+/// bytes: the measurements' clients send no key header), plus a frontend `lc` straight to its
+/// leastconn backend; returns once every server of both backends is UP.
+pub async fn prefix_pair(members: &[String]) -> Haproxy {
+    let cfg = format!(
+        "{}\nfrontend lc\n    bind 127.0.0.1:{{{{PORT:lc}}}}\n    default_backend llm\n",
+        with_body_key(&shipped_prefix_config(members), 512)
+    );
+    let hx = Haproxy::start(&cfg).await;
+    for backend in ["llm_prefix", "llm"] {
+        wait_all_up(&hx, backend, &["vllm-0", "vllm-1", "vllm-2"]).await;
+    }
+    hx
+}
+
 /// Poll until every server of `backend` is UP by its health check.
 pub async fn wait_all_up(hx: &Haproxy, backend: &str, servers: &[&str]) {
     crate::wait::until(

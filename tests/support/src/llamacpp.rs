@@ -249,6 +249,17 @@ pub fn grouped_prompt(group: u64, n: u64, shared_words: usize, own_words: usize)
     format!("{shared}. {}", prompt(group.wrapping_add(0xABCD), n, own_words))
 }
 
+/// Which of `groups` groups client `client`'s `n`th request of a run seeded `seed` belongs to: a
+/// seeded mix (splitmix-style), so every run draws the same groups in the same order.
+pub fn group_of(seed: u64, client: usize, n: u64, groups: u64) -> u64 {
+    let mut x =
+        seed ^ (client as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 29;
+    x % groups.max(1)
+}
+
 /// The load generators' client: a new connection per request, because llama-server closes idle
 /// keep-alive connections on its own schedule and a request sent on one it just closed fails
 /// before reaching it.
