@@ -10,7 +10,7 @@ use std::time::Duration;
 use llm_lc_adapters::{MemberId, Ratios};
 use llm_lc_proxy::ProxyHandle;
 use llm_lc_testkit::proxy::*;
-use llm_lc_testkit::wait;
+use llm_lc_testkit::{ports, wait};
 use serde_json::json;
 
 fn config(members: &str, pool_extra: &str) -> String {
@@ -106,10 +106,8 @@ async fn disconnect_while_queued_gives_the_queue_place_back() {
 async fn disconnect_during_a_retry_releases_both_members() {
     // The heaviest member refuses connections, so the request is retried on the other one, which
     // holds it; then the client leaves.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let refused = ports::refused();
+    let closed = refused.addr;
     let holder = hold_backend().await;
     let proxy = start_proxy(&config(&members_yaml(&[closed, holder]), "    eject_for: 1ms\n")).await;
     let ratios: Ratios = [

@@ -13,7 +13,7 @@ use axum::Router;
 use futures::StreamExt;
 use llm_lc_sim::ModelProfile;
 use llm_lc_testkit::proxy::*;
-use llm_lc_testkit::wait;
+use llm_lc_testkit::{ports, wait};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
@@ -21,12 +21,6 @@ fn config(members: &str, extra: &str) -> String {
     format!(
         "# proxy config\nalgorithm: weighted-round-robin\n{extra}pools:\n  - name: llm\n    members: {members}\nroutes:\n  steps:\n    - id: all\n      field: model\n      op: exists\n      match: {{ pool: llm }}\n      miss: {{ reject: 400, message: 'say which model' }}\n"
     )
-}
-
-/// A port with nothing listening on it.
-fn closed_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
 }
 
 /// A backend whose SSE answer sends one event, then waits for `release` before the rest (or
@@ -139,7 +133,8 @@ async fn client_disconnect_cancels_the_upstream_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_failures_retry_on_another_member_and_eject_it() {
     let f = fleet(ModelProfile::tiny(), 1, &[], &[], 50.0).await;
-    let dead = closed_port();
+    let refused = ports::refused();
+    let dead = refused.addr;
     let proxy = start_proxy(&config(&members_yaml(&[dead, f.addrs()[0]]), "")).await;
     let c = client();
     for _ in 0..20 {
@@ -163,7 +158,8 @@ async fn connect_failures_retry_on_another_member_and_eject_it() {
     );
 
     // Every member refusing: 503, OpenAI-shaped, with Retry-After.
-    let proxy = start_proxy(&config(&members_yaml(&[closed_port(), closed_port()]), "")).await;
+    let (refused_a, refused_b) = (ports::refused(), ports::refused());
+    let proxy = start_proxy(&config(&members_yaml(&[refused_a.addr, refused_b.addr]), "")).await;
     let r =
         chat(&c, proxy.addr(), &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}), &[])
             .await;

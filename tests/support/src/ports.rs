@@ -26,6 +26,22 @@ pub fn free_port() -> u16 {
     panic!("no fresh ephemeral loopback port in 1000 tries");
 }
 
+/// A loopback address that refuses every connection for as long as this lives: its port is bound
+/// but never listened on, so neither this process nor another can start a server there (a port
+/// merely found free once was, in a test whose "dead" member then answered).
+pub struct Refused {
+    _socket: tokio::net::TcpSocket,
+    pub addr: std::net::SocketAddr,
+}
+
+/// A fresh [`Refused`] address.
+pub fn refused() -> Refused {
+    let socket = tokio::net::TcpSocket::new_v4().expect("cannot create a TCP socket");
+    socket.bind(([127, 0, 0, 1], 0).into()).expect("cannot bind an ephemeral loopback port");
+    let addr = socket.local_addr().expect("a bound socket has an address");
+    Refused { _socket: socket, addr }
+}
+
 /// `n` distinct free ports, none handed out before by this process.
 pub fn free_ports(n: usize) -> Vec<u16> {
     (0..n).map(|_| free_port()).collect()
@@ -38,5 +54,13 @@ mod tests {
         let ports = super::free_ports(200);
         let distinct: std::collections::HashSet<_> = ports.iter().collect();
         assert_eq!(distinct.len(), ports.len());
+    }
+
+    #[test]
+    fn a_refused_address_refuses_while_it_is_held() {
+        let r = super::refused();
+        let e = std::net::TcpStream::connect(r.addr).expect_err("nothing listens there");
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+        assert!(std::net::TcpListener::bind(r.addr).is_err(), "and nobody else can take the port");
     }
 }
