@@ -41,7 +41,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use llm_lc_balance::endpoint::{Accounting, Anchor, Candidate, Gauges, PrefixIndex, Prompt, Sticky, Warmth};
+use llm_lc_balance::endpoint::picker::{self, Choice, Request};
+use llm_lc_balance::endpoint::{
+    Accounting, Anchor, Candidate, Gauges, PrefixIndex, Prompt, RequestPicker, Sticky, Warmth,
+};
 use llm_lc_balance::{Algorithm, Picker};
 use llm_lc_sim::profile::BLOCK_SIZE;
 
@@ -72,6 +75,8 @@ pub enum Balancer {
     EppPrefix,
     /// llm-d's "sticky until saturated" default: warm members first, least uncached tokens in flight.
     EppSticky,
+    /// Ours ([`llm_lc_balance::endpoint::picker`]): capacity-aware backlog, sticky, a shared home.
+    Picker,
 }
 
 /// The six balancers of the issue, in report order.
@@ -99,6 +104,7 @@ pub const ALL: &[Balancer] = &[
     Balancer::PrefixAffinity,
     Balancer::EppPrefix,
     Balancer::EppSticky,
+    Balancer::Picker,
 ];
 
 /// The balancers of the prefix goals (src/bench/RESULTS.md): what we ship, its anchor, and the
@@ -134,6 +140,7 @@ impl Balancer {
             Balancer::PrefixAffinity => "prefix-affinity",
             Balancer::EppPrefix => "epp-prefix",
             Balancer::EppSticky => "epp-sticky",
+            Balancer::Picker => "picker",
         }
     }
 
@@ -150,7 +157,11 @@ impl Balancer {
     pub fn uses_ratios(self) -> bool {
         matches!(
             self,
-            Balancer::Ratio | Balancer::RatioLeastRequest | Balancer::RatioP2c | Balancer::PrefixAffinity
+            Balancer::Ratio
+                | Balancer::RatioLeastRequest
+                | Balancer::RatioP2c
+                | Balancer::PrefixAffinity
+                | Balancer::Picker
         )
     }
 
@@ -161,17 +172,24 @@ impl Balancer {
 
     /// Whether this balancer reads the servers' gauges (an endpoint picker).
     pub fn is_epp(self) -> bool {
-        matches!(self, Balancer::Epp | Balancer::EppActive | Balancer::EppPrefix | Balancer::EppSticky)
+        matches!(
+            self,
+            Balancer::Epp
+                | Balancer::EppActive
+                | Balancer::EppPrefix
+                | Balancer::EppSticky
+                | Balancer::Picker
+        )
     }
 
     /// Whether this balancer keeps an approximate prefix index of what it sent each replica.
     pub fn indexes_prefixes(self) -> bool {
-        matches!(self, Balancer::EppPrefix | Balancer::EppSticky)
+        matches!(self, Balancer::EppPrefix | Balancer::EppSticky | Balancer::Picker)
     }
 
     /// Whether each replica's metrics refresh on their own phase (`epp` refreshes all at once).
     pub fn refreshes_per_replica(self) -> bool {
-        matches!(self, Balancer::EppActive | Balancer::EppPrefix | Balancer::EppSticky)
+        matches!(self, Balancer::EppActive | Balancer::EppPrefix | Balancer::EppSticky | Balancer::Picker)
     }
 
     /// The LB algorithm the controller's ratios feed, as a policy knows it: `round-robin` for
@@ -194,7 +212,11 @@ impl Balancer {
             }
             Balancer::RatioP2c => Algorithm::WeightedLeastRequestP2c,
             Balancer::PrefixAffinity => Algorithm::PrefixAffinity,
-            Balancer::Epp | Balancer::EppActive | Balancer::EppPrefix | Balancer::EppSticky => return None,
+            Balancer::Epp
+            | Balancer::EppActive
+            | Balancer::EppPrefix
+            | Balancer::EppSticky
+            | Balancer::Picker => return None,
         })
     }
 }
@@ -229,6 +251,9 @@ pub struct Lb {
     accounting: Accounting,
     warmth: Vec<Warmth>,
     picked_uncached: u64,
+    /// `picker`: ours, and its last choice (opened once the request has its id).
+    endpoint: Option<RequestPicker>,
+    chosen: Option<Choice>,
 }
 
 impl Lb {
@@ -248,11 +273,35 @@ impl Lb {
             accounting: Accounting::new(n),
             warmth: Vec::with_capacity(n),
             picked_uncached: 0,
+            endpoint: (kind == Balancer::Picker)
+                .then(|| RequestPicker::new(n, 0, picker::Settings::default())),
+            chosen: None,
+        }
+    }
+
+    /// `picker`'s settings (its state starts afresh).
+    pub fn set_picker(&mut self, settings: picker::Settings) {
+        if let Some(p) = &mut self.endpoint {
+            *p = RequestPicker::new(p.len(), 0, settings);
+        }
+    }
+
+    /// A replica's gauges, as of a refresh.
+    pub fn set_gauges(&mut self, r: usize, gauges: Gauges) {
+        if let Some(g) = self.epp.get_mut(r) {
+            *g = gauges;
+        }
+        if let Some(p) = &mut self.endpoint {
+            p.set_gauges(r, Some(gauges));
         }
     }
 
     /// `epp-prefix`: each replica's index holds as many blocks as its KV cache.
     pub fn set_cache_blocks(&mut self, blocks: &[u32]) {
+        if let Some(p) = &mut self.endpoint {
+            p.set_cache_blocks(&blocks.iter().map(|&b| b as usize).collect::<Vec<_>>());
+            return;
+        }
         self.sent = blocks.iter().map(|&b| PrefixIndex::with_capacity(b as usize)).collect();
     }
 
@@ -266,6 +315,9 @@ impl Lb {
         if self.kind == Balancer::EppSticky {
             self.accounting.dispatched(id, replica, self.picked_uncached);
         }
+        if let (Some(p), Some(c)) = (&mut self.endpoint, self.chosen.take()) {
+            p.open(id, c);
+        }
     }
 
     /// Request `id`'s first token came back: its prefill no longer loads its replica.
@@ -274,12 +326,18 @@ impl Lb {
         if self.kind == Balancer::EppSticky {
             self.accounting.first_token(id);
         }
+        if let Some(p) = &mut self.endpoint {
+            p.first_token(id);
+        }
     }
 
     /// Request `id` ended (also for [`Lb::finished`]'s in-flight count, which the caller reports).
     pub fn closed(&mut self, id: u64) {
         if self.kind == Balancer::EppSticky {
             self.accounting.finished(id);
+        }
+        if let Some(p) = &mut self.endpoint {
+            p.finished(id);
         }
     }
 
@@ -300,6 +358,9 @@ impl Lb {
 
     pub fn set_weights(&mut self, w: &[u32]) {
         self.picker.set_weights(w);
+        if let Some(p) = &mut self.endpoint {
+            p.set_capacity(&w.iter().map(|&x| f64::from(x)).collect::<Vec<_>>());
+        }
     }
 
     pub fn weights(&self) -> Vec<u32> {
@@ -316,6 +377,7 @@ impl Lb {
         let i = match self.kind {
             Balancer::Epp | Balancer::EppActive | Balancer::EppPrefix => self.pick_epp(route.blocks),
             Balancer::EppSticky => self.pick_sticky(route),
+            Balancer::Picker => self.pick_endpoint(route),
             _ => {
                 let eligible = &self.eligible;
                 self.picker.pick_keyed(route.key, |i| eligible.get(i).copied().unwrap_or(true)).unwrap_or(0)
@@ -334,6 +396,23 @@ impl Lb {
 
     pub fn in_flight(&self, i: usize) -> u32 {
         self.picker.in_flight(i)
+    }
+
+    /// Ours. It reads the prompt's blocks, not the client's key: the anchors it is measured against
+    /// see only the body too.
+    fn pick_endpoint(&mut self, route: Route<'_>) -> usize {
+        let Some(p) = &mut self.endpoint else { return 0 };
+        let request = Request {
+            blocks: route.blocks,
+            tokens: u64::from(route.prompt_tokens),
+            block_tokens: u64::from(BLOCK_SIZE),
+            key: None,
+        };
+        let eligible = &self.eligible;
+        let Some(choice) = p.pick(request, |i| eligible.get(i).copied().unwrap_or(true)) else { return 0 };
+        p.remember(choice, request);
+        self.chosen = Some(choice);
+        choice.member
     }
 
     fn pick_sticky(&mut self, route: Route<'_>) -> usize {
@@ -406,9 +485,9 @@ mod tests {
     fn epp_prefers_short_queue_and_free_kv_and_ignores_its_own_picks() {
         let mut lb = Lb::new(Balancer::Epp, 3, 1);
         lb.epp = vec![
-            Gauges { waiting: 10, kv_usage: 0.9 },
-            Gauges { waiting: 0, kv_usage: 0.5 },
-            Gauges { waiting: 0, kv_usage: 0.2 },
+            Gauges { waiting: 10, running: 0, kv_usage: 0.9 },
+            Gauges { waiting: 0, running: 0, kv_usage: 0.5 },
+            Gauges { waiting: 0, running: 0, kv_usage: 0.2 },
         ];
         // Stale view: every pick goes to the same best replica until the next refresh.
         for _ in 0..5 {
@@ -420,7 +499,7 @@ mod tests {
     #[test]
     fn epp_active_counts_its_own_picks_and_spreads_them() {
         let mut lb = Lb::new(Balancer::EppActive, 3, 1);
-        lb.epp = vec![Gauges { waiting: 0, kv_usage: 0.3 }; 3];
+        lb.epp = vec![Gauges { waiting: 0, running: 0, kv_usage: 0.3 }; 3];
         let mut c = [0; 3];
         for _ in 0..30 {
             c[lb.pick()] += 1;
@@ -429,9 +508,9 @@ mod tests {
         assert_eq!(c, [10, 10, 10]);
         let mut herd = Lb::new(Balancer::Epp, 3, 1);
         herd.epp = vec![
-            Gauges { waiting: 0, kv_usage: 0.3 },
-            Gauges { waiting: 0, kv_usage: 0.2 },
-            Gauges { waiting: 0, kv_usage: 0.3 },
+            Gauges { waiting: 0, running: 0, kv_usage: 0.3 },
+            Gauges { waiting: 0, running: 0, kv_usage: 0.2 },
+            Gauges { waiting: 0, running: 0, kv_usage: 0.3 },
         ];
         assert!((0..30).all(|_| herd.pick() == 1), "epp herds onto the best-looking replica");
     }
@@ -469,7 +548,7 @@ mod tests {
     fn epp_prefix_follows_the_blocks_it_sent_and_forgets_the_oldest() {
         let mut lb = Lb::new(Balancer::EppPrefix, 3, 1);
         lb.set_cache_blocks(&[100, 100, 100]);
-        lb.epp = vec![Gauges { waiting: 0, kv_usage: 0.3 }; 3];
+        lb.epp = vec![Gauges { waiting: 0, running: 0, kv_usage: 0.3 }; 3];
         let a: Vec<u64> = (0..50).collect();
         let first = lb.pick_route(Route { key: None, blocks: &a, prompt_tokens: 0 });
         // Same gauges everywhere: the replica that was sent the prefix scores 3 more.
@@ -519,6 +598,33 @@ mod tests {
             lb.closed(id);
         }
         assert_eq!(lb.accounting.requests(home), 0);
+    }
+
+    #[test]
+    fn the_picker_follows_the_ratios_and_keeps_a_prefix_where_it_sent_it() {
+        let mut lb = Lb::new(Balancer::Picker, 2, 1);
+        lb.set_cache_blocks(&[1000, 1000]);
+        lb.set_weights(&[90, 30]);
+        let mut c = [0; 2];
+        for id in 0..40 {
+            let r = lb.pick_route(Route { key: None, blocks: &[], prompt_tokens: 100 });
+            lb.opened(id, r);
+            c[r] += 1;
+        }
+        assert_eq!(c, [30, 10], "three times the ratio, three times the requests in flight");
+        for id in 0..40 {
+            lb.first_token(id);
+            lb.closed(id);
+        }
+        let blocks: Vec<u64> = (0..20).collect();
+        let route = Route { key: Some(7), blocks: &blocks, prompt_tokens: 320 };
+        let home = lb.pick_route(route);
+        lb.opened(100, home);
+        assert!((101..110).all(|id| {
+            let r = lb.pick_route(route);
+            lb.opened(id, r);
+            r == home
+        }));
     }
 
     #[test]

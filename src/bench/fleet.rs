@@ -178,6 +178,8 @@ pub struct RunSpec {
     /// Requests of scenarios without shared prefixes carry a key of their own (the opt-in body
     /// key); otherwise none.
     pub body_keys: bool,
+    /// `picker`'s settings.
+    pub picker: llm_lc_balance::endpoint::picker::Settings,
 }
 
 impl RunSpec {
@@ -451,6 +453,7 @@ pub fn run(spec: &RunSpec) -> Result<RunOutcome, String> {
         // Instance 0 keeps the single balancer's seed, so `--lb-instances 1` is the plain run.
         let mut lb = Lb::new(spec.balancer, n, (spec.seed ^ 0x1b).wrapping_add(k as u64 * 0x9e37));
         lb.set_balance_factor(spec.hash_balance_factor);
+        lb.set_picker(spec.picker);
         if spec.balancer.indexes_prefixes() {
             lb.set_cache_blocks(&reps.iter().map(|r| r.engine.stats().num_gpu_blocks).collect::<Vec<_>>());
         }
@@ -676,7 +679,7 @@ impl Sim<'_> {
     fn refresh_epp(&mut self, r: usize) {
         let s = self.reps[r].engine.stats();
         for lb in &mut self.lbs {
-            lb.epp[r] = Gauges { waiting: s.waiting, kv_usage: s.kv_usage };
+            lb.set_gauges(r, Gauges { waiting: s.waiting, running: s.running, kv_usage: s.kv_usage });
         }
     }
 

@@ -40,6 +40,7 @@ use serde::Serialize;
 use balancer::Balancer;
 use control::{ControlSpec, Controller};
 use fleet::{BalancerResult, LbKind, RunOutcome, RunSpec, Signals};
+use llm_lc_balance::endpoint::picker::Settings as PickerSettings;
 use llm_lc_sim::profile::ModelProfile;
 use scenario::Tiering;
 
@@ -65,6 +66,9 @@ pub struct BenchArgs {
     /// Policy parameter override, KEY=VALUE, repeatable (e.g. --policy-param gain=0.3).
     #[arg(long = "policy-param", value_name = "KEY=VALUE")]
     pub policy_params: Vec<String>,
+    /// `picker` setting override, NAME=VALUE, repeatable (e.g. --picker-param overload=0.5).
+    #[arg(long = "picker-param", value_name = "NAME=VALUE")]
+    pub picker_params: Vec<String>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Seeds of a sweep, comma-separated (default: --seed); a range such as 4-8 is accepted.
@@ -234,6 +238,8 @@ pub struct Settings {
     pub lb_instances: usize,
     pub hash_balance_factor: u32,
     pub body_keys: bool,
+    /// `picker`'s settings.
+    pub picker: PickerSettings,
 }
 
 impl Settings {
@@ -291,6 +297,10 @@ impl Settings {
             return_below: a.return_below,
         };
         controller.0.check(&control).map_err(anyhow::Error::msg)?;
+        let mut picker = PickerSettings::default();
+        for p in &args.picker_params {
+            picker.set(p).map_err(anyhow::Error::msg)?;
+        }
         Ok(Settings {
             profile,
             balancers,
@@ -307,6 +317,7 @@ impl Settings {
             lb_instances: a.lb_instances,
             hash_balance_factor: a.hash_balance_factor,
             body_keys: a.body_keys,
+            picker,
         })
     }
 }
@@ -384,6 +395,7 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
             lb_instances: settings.lb_instances,
             hash_balance_factor: settings.hash_balance_factor,
             body_keys: settings.body_keys,
+            picker: settings.picker,
         })
         .collect();
     let outcomes = run_all(&specs, settings.jobs)?;

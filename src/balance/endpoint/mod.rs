@@ -9,10 +9,12 @@
 //! the crate: members are indexes, ties are broken by the caller's seeded generator.
 
 pub mod accounting;
+pub mod picker;
 pub mod prefix;
 pub mod sticky;
 
 pub use accounting::Accounting;
+pub use picker::RequestPicker;
 pub use prefix::PrefixIndex;
 pub use sticky::{Prompt, Sticky, Warmth};
 
@@ -20,6 +22,7 @@ pub use sticky::{Prompt, Sticky, Warmth};
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Gauges {
     pub waiting: u32,
+    pub running: u32,
     pub kv_usage: f64,
 }
 
@@ -103,7 +106,7 @@ mod tests {
     use super::*;
 
     fn c(index: usize, waiting: u32, kv_usage: f64, in_flight: u32, matched: usize) -> Candidate {
-        Candidate { index, gauges: Gauges { waiting, kv_usage }, in_flight, matched }
+        Candidate { index, gauges: Gauges { waiting, running: 0, kv_usage }, in_flight, matched }
     }
 
     #[test]
