@@ -19,8 +19,8 @@
 //! that herding variant.
 //!
 //! `epp-active` is the stronger baseline a sceptical user would configure: the same two scorers
-//! plus llm-d's active-request scorer (the picker's own in-flight count per replica, min-max
-//! normalized, weight 2), and each replica's metrics refreshed on its own timer at an independent
+//! plus llm-d's active-request scorer (the picker's own in-flight count per replica, `(max - c) /
+//! max` as llm-d normalises it, weight 2), and each replica's metrics refreshed on its own timer at an independent
 //! phase (as separate scrapes are), so no single instant decides a window's worth of requests.
 //!
 //! `prefix-affinity` is what we ship for prompts that share prefixes: the request's prefix key
@@ -460,7 +460,8 @@ impl Lb {
                 });
             }
         }
-        anchor.best(&self.candidates, blocks.len(), &mut self.ties);
+        let max_in_flight = (0..self.epp.len()).map(|i| self.picker.in_flight(i)).max().unwrap_or(0);
+        anchor.best(&self.candidates, blocks.len(), max_in_flight, &mut self.ties);
         match self.ties.len() {
             0 => 0,
             1 => self.ties[0],
