@@ -113,7 +113,7 @@ pub const PREFIX_SET: &[Balancer] =
     &[Balancer::LeastRequest, Balancer::RatioLeastRequest, Balancer::PrefixAffinity, Balancer::EppPrefix];
 
 /// The balancers of the goals grid (src/bench/RESULTS.md): the controller's two modes against the
-/// strongest baselines of each kind.
+/// strongest baselines of each kind, and our endpoint picker.
 pub const GOALS_SET: &[Balancer] = &[
     Balancer::LeastRequest,
     Balancer::StaticRatio,
@@ -122,6 +122,7 @@ pub const GOALS_SET: &[Balancer] = &[
     Balancer::RatioLeastRequest,
     Balancer::Epp,
     Balancer::EppActive,
+    Balancer::Picker,
 ];
 
 impl Balancer {

@@ -23,6 +23,7 @@ pub mod capacity;
 pub mod control;
 pub mod fleet;
 pub mod goals;
+pub mod picker_goals;
 pub mod plot;
 pub mod prompts;
 pub mod report;
@@ -183,6 +184,9 @@ pub struct ScenarioReport {
     pub load: f64,
     pub policy: String,
     pub policy_params: Vec<String>,
+    /// `--picker-param` overrides of the picker's settings.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub picker_params: Vec<String>,
     pub profile: String,
     pub replicas: usize,
     pub speeds: Vec<f64>,
@@ -238,8 +242,9 @@ pub struct Settings {
     pub lb_instances: usize,
     pub hash_balance_factor: u32,
     pub body_keys: bool,
-    /// `picker`'s settings.
+    /// `picker`'s settings, and the overrides they were made with.
     pub picker: PickerSettings,
+    pub picker_params: Vec<String>,
 }
 
 impl Settings {
@@ -318,6 +323,7 @@ impl Settings {
             hash_balance_factor: a.hash_balance_factor,
             body_keys: a.body_keys,
             picker,
+            picker_params: args.picker_params.clone(),
         })
     }
 }
@@ -404,6 +410,7 @@ pub fn run_scenario(name: &str, load: f64, settings: &Settings) -> anyhow::Resul
         load,
         policy: settings.control.policy.clone(),
         policy_params: settings.control.policy_params.clone(),
+        picker_params: settings.picker_params.clone(),
         profile: settings.profile.name.clone(),
         replicas: sc.speeds.len(),
         speeds: sc.speeds.clone(),
@@ -527,7 +534,12 @@ pub fn run(args: BenchArgs, controller: Controller) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         for &seed in &seeds {
             for (name, load, instances) in &points {
-                let point = Settings { seed, lb_instances: *instances, ..settings.clone() };
+                let mut point = Settings { seed, lb_instances: *instances, ..settings.clone() };
+                // The picker's own points run its anchors, not the whole goals set.
+                let picker_point = picker_goals::POINTS.contains(&(name.as_str(), *load, *instances));
+                if args.goals && args.balancers.is_empty() && picker_point {
+                    point.balancers = picker_goals::balancers(name);
+                }
                 let r = run_scenario(name, *load, &point)?;
                 eprintln!(
                     "{name} at {:.0}%, {instances} LB, seed {seed}: {:.1} s wall ({} runs)",
@@ -544,7 +556,10 @@ pub fn run(args: BenchArgs, controller: Controller) -> anyhow::Result<()> {
         eprintln!("sweep: {:.1} s wall", started.elapsed().as_secs_f64());
         match args.output.as_str() {
             "json" => println!("{}", serde_json::to_string_pretty(&reports)?),
-            _ if args.goals => print!("{}", goals::markdown(&reports)),
+            _ if args.goals => {
+                print!("{}", goals::markdown(&reports));
+                print!("{}", picker_goals::markdown(&reports));
+            }
             _ => print!("{}", report::sweep_markdown(&reports)),
         }
         return Ok(());

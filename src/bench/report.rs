@@ -42,7 +42,11 @@ fn header(r: &ScenarioReport) -> String {
         r.arrival_rps,
         r.capacity_rps,
         r.policy,
-        if r.policy_params.is_empty() { String::new() } else { format!(" ({})", r.policy_params.join(", ")) },
+        if r.policy_params.is_empty() && r.picker_params.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", r.policy_params.iter().chain(&r.picker_params).cloned().collect::<Vec<_>>().join(", "))
+        },
         r.signals.source,
         r.signals.scrape_interval_s,
         r.signals.push_interval_s,

@@ -46,8 +46,11 @@ pub struct Settings {
     /// A warm member is also saturated when its requests per unit of capacity pass the open
     /// members' mean by this share (0.3: 30% over the mean), plus one request.
     pub overload: f64,
-    /// A cold request goes home when home costs at most this much more than the cheapest member.
+    /// A cold request goes home when home costs at most this much more than the cheapest member,
+    /// plus `home_prompt` x its prompt's tokens (what a hit at home would save, if other
+    /// replicas of the picker made home warm).
     pub home_slack_tokens: f64,
+    pub home_prompt: f64,
     /// Prefill tokens one running request is worth in a member's backlog.
     pub request_tokens: f64,
     /// Prefill tokens a member's KV pressure `k / (1 - k)` is worth.
@@ -67,6 +70,7 @@ impl Default for Settings {
             saturation_tokens: 20_000.0,
             overload: 1.0,
             home_slack_tokens: 2_000.0,
+            home_prompt: 0.0,
             request_tokens: 100.0,
             kv_tokens: 500.0,
             max_blocks: 4096,
@@ -82,6 +86,7 @@ impl Settings {
         "saturation_tokens",
         "overload",
         "home_slack_tokens",
+        "home_prompt",
         "request_tokens",
         "kv_tokens",
         "max_blocks",
@@ -108,6 +113,7 @@ impl Settings {
             "saturation_tokens" => self.saturation_tokens = v,
             "overload" => self.overload = v,
             "home_slack_tokens" => self.home_slack_tokens = v,
+            "home_prompt" => self.home_prompt = v,
             "request_tokens" => self.request_tokens = v,
             "kv_tokens" => self.kv_tokens = v,
             "capacity" => self.capacity = v,
@@ -150,6 +156,9 @@ struct Member {
     /// Capacity share, as pushed by the controller (0: drained).
     weight: f64,
     gauges: Option<Gauges>,
+    /// Requests and uncached tokens this picker sent since the gauges were read: what the
+    /// engine's numbers do not show yet.
+    sent_since_gauges: (u32, u64),
     index: PrefixIndex,
 }
 
@@ -189,7 +198,12 @@ const KV_CAP: f64 = 0.99;
 impl RequestPicker {
     /// A picker for `members` members of equal capacity, each index holding `cache_blocks` blocks.
     pub fn new(members: usize, cache_blocks: usize, settings: Settings) -> RequestPicker {
-        let member = Member { weight: 1.0, gauges: None, index: PrefixIndex::with_capacity(cache_blocks) };
+        let member = Member {
+            weight: 1.0,
+            gauges: None,
+            sent_since_gauges: (0, 0),
+            index: PrefixIndex::with_capacity(cache_blocks),
+        };
         RequestPicker {
             settings,
             members: vec![member; members],
@@ -230,6 +244,7 @@ impl RequestPicker {
     /// KV usage is dropped, the queue counts are kept.
     pub fn set_gauges(&mut self, i: usize, gauges: Option<Gauges>) {
         if let Some(m) = self.members.get_mut(i) {
+            m.sent_since_gauges = (0, 0);
             m.gauges = gauges.map(|g| Gauges {
                 kv_usage: if g.kv_usage.is_finite() && g.kv_usage >= 0.0 { g.kv_usage.min(1.0) } else { 0.0 },
                 ..g
@@ -276,10 +291,13 @@ impl RequestPicker {
                 request.tokens.saturating_sub((matched as u64).saturating_mul(request.block_tokens));
             let own_tokens = self.accounting.tokens(i) as f64;
             let own_requests = f64::from(self.accounting.requests(i));
+            // The engine's numbers count every picker's requests, as of its last scrape; what
+            // this one sent since is added on top, so picks between two scrapes do not herd.
+            let (sent, sent_tokens) = m.sent_since_gauges;
             let (queued, engine_requests, kv) = match m.gauges {
                 Some(g) => (
-                    f64::from(g.waiting) * self.mean_uncached,
-                    f64::from(g.running.saturating_add(g.waiting)),
+                    f64::from(g.waiting) * self.mean_uncached + sent_tokens as f64,
+                    f64::from(g.running.saturating_add(g.waiting).saturating_add(sent)),
                     g.kv_usage,
                 ),
                 None => (0.0, 0.0, 0.0),
@@ -311,8 +329,11 @@ impl RequestPicker {
                         self.unkeyed
                     }
                 };
-                let slack =
-                    if request.key.is_some() || !blocks.is_empty() { s.home_slack_tokens } else { 0.0 };
+                let slack = if request.key.is_some() || !blocks.is_empty() {
+                    s.home_slack_tokens + s.home_prompt * request.tokens as f64
+                } else {
+                    0.0
+                };
                 *self.scored.iter().filter(|c| c.cost <= cheapest + slack).max_by(|a, b| {
                     let ra = rendezvous(home, a.index, a.share);
                     let rb = rendezvous(home, b.index, b.share);
@@ -346,7 +367,9 @@ impl RequestPicker {
 
     /// Request `id` and its uncached tokens are in flight on the chosen member.
     pub fn open(&mut self, id: u64, choice: Choice) {
-        if choice.member < self.members.len() {
+        if let Some(m) = self.members.get_mut(choice.member) {
+            m.sent_since_gauges.0 = m.sent_since_gauges.0.saturating_add(1);
+            m.sent_since_gauges.1 = m.sent_since_gauges.1.saturating_add(choice.uncached);
             self.accounting.dispatched(id, choice.member, choice.uncached);
             self.mean_uncached += MEAN_ALPHA * (choice.uncached as f64 - self.mean_uncached);
         }
