@@ -23,6 +23,7 @@ pub mod capacity;
 pub mod control;
 pub mod fleet;
 pub mod goals;
+pub mod pick_cost;
 pub mod picker_goals;
 pub mod plot;
 pub mod prompts;
@@ -100,6 +101,9 @@ pub struct BenchArgs {
     /// Measure the controller's cost per cycle and memory at scale instead.
     #[arg(long)]
     pub controller_scale: bool,
+    /// Measure what one pick of the endpoint picker costs (64 members, 100k index entries).
+    #[arg(long)]
+    pub pick_cost: bool,
     #[command(flatten)]
     pub knobs: Box<Knobs>,
 }

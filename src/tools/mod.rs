@@ -250,5 +250,13 @@ pub fn bench(args: llm_lc_bench::BenchArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if args.pick_cost {
+        let c = llm_lc_bench::pick_cost::measure(64, 100_000, 250, 20_000, args.seed);
+        match args.output.as_str() {
+            "json" => println!("{}", serde_json::to_string_pretty(&c)?),
+            _ => print!("{}", llm_lc_bench::pick_cost::render(&c)),
+        }
+        return Ok(());
+    }
     llm_lc_bench::run(args, BenchControls::shared())
 }
