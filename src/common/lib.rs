@@ -1,8 +1,12 @@
 //! Small rules several crates of the workspace share, written once: the stable hashes that must
-//! agree across processes and releases ([`fnv1a64`], [`splitmix64`]) and the palette every chart
-//! is drawn with ([`PALETTE`]). No dependencies, so any crate can use it without pulling another.
+//! agree across processes and releases ([`fnv1a64`], [`splitmix64`]), the palette every chart
+//! is drawn with ([`PALETTE`]), and the reader of model servers' metrics pages ([`exposition`]:
+//! the controller's scrapes and the proxy's endpoint picker read pages alike). Its one dependency is
+//! memchr, so any crate can use it without pulling more.
 
 #![forbid(unsafe_code)]
+
+pub mod exposition;
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;

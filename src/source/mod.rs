@@ -6,7 +6,7 @@
 //! and a member without data is absent from the snapshot, never a zero.
 
 pub mod config;
-pub mod exposition;
+pub use llm_lc_common::exposition;
 pub mod kubernetes;
 pub mod profile;
 pub mod prometheus;
