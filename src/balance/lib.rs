@@ -16,6 +16,10 @@
 //!   on a weighted consistent-hash ring, unless that member is over its load bound ([`ring`]:
 //!   HAProxy's `hash-type consistent` with `hash-balance-factor`); a request without a key is a
 //!   `weighted-least-request` pick.
+//! - `picker`: the per-request endpoint picker ([`endpoint::picker`]), where the caller can give it
+//!   the request's prompt and the members' gauges (the reference proxy does). [`Picker`] itself
+//!   answers it as `weighted-least-request` on the controller's ratios: the fallback when the
+//!   request says nothing of its prompt.
 
 #![forbid(unsafe_code)]
 
@@ -36,6 +40,8 @@ pub enum Algorithm {
     WeightedLeastRequest,
     WeightedLeastRequestP2c,
     PrefixAffinity,
+    /// The per-request endpoint picker; `weighted-least-request` where it has nothing to go on.
+    Picker,
 }
 
 impl Algorithm {
@@ -46,6 +52,7 @@ impl Algorithm {
                 | Algorithm::WeightedLeastRequest
                 | Algorithm::WeightedLeastRequestP2c
                 | Algorithm::PrefixAffinity
+                | Algorithm::Picker
         )
     }
 }
@@ -186,7 +193,9 @@ impl Picker {
                 (!cands.is_empty()).then(|| cands[self.rng.gen_range(0..cands.len())])
             }
             Algorithm::LeastRequest => self.least_by(|s| s.in_flight as f64, &ok),
-            Algorithm::WeightedLeastRequest | Algorithm::PrefixAffinity => self.least_by(score, &ok),
+            Algorithm::WeightedLeastRequest | Algorithm::PrefixAffinity | Algorithm::Picker => {
+                self.least_by(score, &ok)
+            }
             Algorithm::WeightedLeastRequestP2c => {
                 let cands: Vec<usize> = (0..n).filter(|&i| ok(i, &self.slots)).collect();
                 match cands.len() {

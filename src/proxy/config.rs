@@ -209,10 +209,22 @@ pub struct PoolConfig {
     /// sees the client's raw bytes. A request without a key goes without the header.
     #[serde(default)]
     pub set_prefix_key: bool,
+    /// `algorithm: picker`: how often each member's `/metrics` page is read for its queue,
+    /// running requests and KV-cache usage (vLLM's or llama.cpp's names). A page that cannot be
+    /// read leaves the member scored from the picker's own accounting.
+    #[serde(default = "defaults::metrics_interval", with = "humantime_serde")]
+    pub metrics_interval: Duration,
 }
+
+/// The shortest `metrics_interval`: members' pages are not read in a busy loop.
+pub const MIN_METRICS_INTERVAL: Duration = Duration::from_millis(10);
 
 mod defaults {
     use super::*;
+
+    pub fn metrics_interval() -> Duration {
+        Duration::from_millis(100)
+    }
     pub fn listen() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 8080))
     }
@@ -343,6 +355,12 @@ impl ProxyConfig {
             }
             if p.queue_timeout.is_zero() {
                 err(format!("{at}.queue_timeout"), "must be > 0".into());
+            }
+            if p.metrics_interval < MIN_METRICS_INTERVAL {
+                err(
+                    format!("{at}.metrics_interval"),
+                    format!("must be at least {} ms", MIN_METRICS_INTERVAL.as_millis()),
+                );
             }
         }
         if self.limits.max_body_bytes == 0 {

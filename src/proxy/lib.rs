@@ -26,6 +26,7 @@ pub mod body;
 pub mod config;
 pub mod criticality;
 pub mod errors;
+pub mod gauges;
 pub mod guard;
 pub mod listen;
 pub mod members;
@@ -33,6 +34,7 @@ pub mod metrics;
 pub mod parse_errors;
 pub mod pool;
 pub mod prefix_key;
+pub mod prompt;
 pub mod route;
 pub mod server;
 pub mod split;
@@ -242,6 +244,10 @@ pub async fn start_loaded(
         shared.metrics.conn("admin"),
         stop.clone(),
     )));
+    for pool in shared.pools.iter().filter(|p| p.uses_endpoint_picker()) {
+        let client = shared.upstream.client().clone();
+        tasks.push(tokio::spawn(gauges::poll(pool.clone(), client, stop.clone())));
+    }
     if let Some(poll) = cfg.ratios.poll.clone() {
         let client = shared.upstream.client().clone();
         tasks.push(tokio::spawn(admin::poll_ratios(shared.clone(), client, poll, stop.clone())));

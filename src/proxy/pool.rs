@@ -4,6 +4,12 @@
 //! what a live proxy needs around it: weights from the controller's ratios (equal until the first
 //! ratios arrive; members the ratios do not name get the mean of those they do), passive health
 //! (a member that refused a connection is skipped for a while), and a snapshot for live views.
+//!
+//! With `algorithm: picker` the pool also holds an endpoint picker ([`RequestPicker`]): a request
+//! whose body has a prompt is placed by it (its accounting opened at the pick, its prefill load
+//! released at the first response byte, the request at the end), with the members' gauges from
+//! [`super::gauges`] and the ratios as capacity; a request without a prompt is a weighted
+//! least-request pick on the ratios.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -12,10 +18,13 @@ use axum::http::Uri;
 use llm_lc_adapters::{MemberId, Ratios};
 use serde::Serialize;
 
+use llm_lc_balance::endpoint::picker::{Request, Settings};
+use llm_lc_balance::endpoint::{Gauges, RequestPicker};
 use llm_lc_balance::{Algorithm, Picker};
 
 use super::config::PoolConfig;
 use super::criticality::Admission;
+use super::prompt::{PromptBlocks, BLOCK_TOKENS};
 use super::upstream::member_uri;
 
 /// Where a pool's current weights came from.
@@ -32,6 +41,11 @@ pub enum WeightSource {
 
 struct State {
     picker: Picker,
+    /// `algorithm: picker`: the endpoint picker, when each member's gauges were last read, and
+    /// the id of the next request it places.
+    endpoint: Option<RequestPicker>,
+    gauges: Vec<Option<(Gauges, Instant)>>,
+    next_id: u64,
     ejected_until: Vec<Option<Instant>>,
     source: WeightSource,
     updated_unix: Option<f64>,
@@ -40,6 +54,11 @@ struct State {
     /// When ratios naming members this pool lacks were last logged (the log is rate-limited).
     unknown_logged: Option<Instant>,
 }
+
+/// Blocks each member's prefix index holds under `algorithm: picker` (the engine's cache size is
+/// not known to the proxy): 100,000 blocks of 16 tokens, 1.6 M tokens, more than a CPU engine
+/// caches and about an 80 GB GPU's.
+pub const INDEX_BLOCKS: usize = 100_000;
 
 /// Names of unknown members echoed in an answer or a log line, at most; the rest are counted.
 pub const ECHOED_NAMES: usize = 8;
@@ -63,6 +82,8 @@ pub struct Pool {
     pub eject_for: Duration,
     /// Forward the prefix key as `x-llm-prefix-key` (for an LB behind this pool).
     pub set_prefix_key: bool,
+    /// `algorithm: picker`: how often members' metrics pages are read.
+    pub metrics_interval: Duration,
     state: Mutex<State>,
 }
 
@@ -87,6 +108,30 @@ pub struct MemberView {
     pub weight: u32,
     pub in_flight: u32,
     pub ejected: bool,
+    /// `algorithm: picker` only: what the endpoint picker knows of the member.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub picker: Option<PickerView>,
+}
+
+/// The endpoint picker's view of one member.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PickerView {
+    /// Requests it placed there that have not ended.
+    pub requests: u32,
+    /// Prompt tokens it placed there that are not cached and not yet answered by a first byte.
+    pub uncached_tokens: u64,
+    /// Prompt blocks its index believes the member caches.
+    pub indexed_blocks: usize,
+    /// The member's own gauges, when fresh.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub running: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_usage: Option<f64>,
+    /// Seconds since they were read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gauges_age_s: Option<f64>,
 }
 
 /// One pool in a live view.
@@ -136,8 +181,13 @@ impl Pool {
             shed_saturation: cfg.shed_saturation,
             eject_for: cfg.eject_for,
             set_prefix_key: cfg.set_prefix_key,
+            metrics_interval: cfg.metrics_interval,
             state: Mutex::new(State {
                 picker: Picker::new(cfg.algorithm.unwrap_or(default_algo), n, seed),
+                endpoint: (cfg.algorithm.unwrap_or(default_algo) == Algorithm::Picker)
+                    .then(|| RequestPicker::new(n, INDEX_BLOCKS, Settings::default())),
+                gauges: vec![None; n],
+                next_id: 0,
                 ejected_until: vec![None; n],
                 source: WeightSource::Equal,
                 updated_unix: None,
@@ -162,26 +212,96 @@ impl Pool {
 
     /// [`Pool::pick`] for a request with a prefix key (read by `algorithm: prefix-affinity` only).
     pub fn pick_keyed(&self, tried: &[usize], key: Option<u64>) -> Option<usize> {
+        self.pick_request(tried, key, None).map(|(i, _)| i)
+    }
+
+    /// Whether this pool places requests with the endpoint picker (it wants their prompts).
+    pub fn uses_endpoint_picker(&self) -> bool {
+        self.lock().endpoint.is_some()
+    }
+
+    /// Choose a member for a request, and count it there. With `algorithm: picker` and a prompt,
+    /// the endpoint picker chooses and opens its accounting (the id it returns); otherwise the
+    /// pool's algorithm does.
+    pub fn pick_request(
+        &self,
+        tried: &[usize],
+        key: Option<u64>,
+        prompt: Option<&PromptBlocks>,
+    ) -> Option<(usize, Option<u64>)> {
         let now = Instant::now();
         let mut st = self.lock();
         let healthy: Vec<bool> = st.ejected_until.iter().map(|e| e.is_none_or(|t| t <= now)).collect();
-        let i = st
-            .picker
-            .pick_keyed(key, |i| healthy[i] && !tried.contains(&i))
-            .or_else(|| st.picker.pick_keyed(key, |i| !tried.contains(&i)))?;
+        let placed = match (prompt, &mut st.endpoint) {
+            (Some(p), Some(endpoint)) => {
+                let request =
+                    Request { blocks: &p.blocks, tokens: p.tokens, block_tokens: BLOCK_TOKENS, key };
+                let allowed = |i: usize| healthy[i] && !tried.contains(&i);
+                // An ejected member only when nothing else is left, as for the other algorithms.
+                let choice = if (0..healthy.len()).any(allowed) {
+                    endpoint.pick(request, allowed)
+                } else if (0..healthy.len()).any(|i| !tried.contains(&i)) {
+                    endpoint.pick(request, |i| !tried.contains(&i))
+                } else {
+                    None
+                };
+                choice.map(|c| {
+                    let id = st.next_id;
+                    st.next_id += 1;
+                    if let Some(endpoint) = &mut st.endpoint {
+                        endpoint.dispatched(id, c, request);
+                    }
+                    (c.member, Some(id))
+                })
+            }
+            _ => st
+                .picker
+                .pick_keyed(key, |i| healthy[i] && !tried.contains(&i))
+                .or_else(|| st.picker.pick_keyed(key, |i| !tried.contains(&i)))
+                .map(|i| (i, None)),
+        };
+        let (i, id) = placed?;
         st.picker.started(i);
-        Some(i)
+        Some((i, id))
     }
 
     /// [`Pool::pick`] with the count held by a guard: dropping the guard (on any exit, the request's
     /// future dropped by a client that went away included) takes the count back.
-    pub fn pick_counted(self: &Arc<Self>, tried: &[usize], key: Option<u64>) -> Option<Picked> {
-        self.pick_keyed(tried, key).map(|member| Picked { pool: self.clone(), member })
+    pub fn pick_counted(
+        self: &Arc<Self>,
+        tried: &[usize],
+        key: Option<u64>,
+        prompt: Option<&PromptBlocks>,
+    ) -> Option<Picked> {
+        self.pick_request(tried, key, prompt).map(|(member, id)| Picked { pool: self.clone(), member, id })
     }
 
-    /// The request on member `i` ended.
-    pub fn finish(&self, i: usize) {
-        self.lock().picker.finished(i);
+    /// The first byte of request `id`'s answer arrived: its prefill no longer loads the member.
+    fn first_byte(&self, id: u64) {
+        if let Some(e) = &mut self.lock().endpoint {
+            e.first_token(id);
+        }
+    }
+
+    /// Member `i`'s gauges as just read, or `None` when they could not be read (the picker then
+    /// scores the member from its own accounting).
+    pub fn set_gauges(&self, i: usize, gauges: Option<Gauges>) {
+        let mut st = self.lock();
+        if let Some(g) = st.gauges.get_mut(i) {
+            *g = gauges.map(|g| (g, Instant::now()));
+        }
+        if let Some(e) = &mut st.endpoint {
+            e.set_gauges(i, gauges);
+        }
+    }
+
+    /// The request on member `i` (the endpoint picker's `id`, if it placed it) ended.
+    pub fn finish(&self, i: usize, id: Option<u64>) {
+        let mut st = self.lock();
+        st.picker.finished(i);
+        if let (Some(e), Some(id)) = (&mut st.endpoint, id) {
+            e.finished(id);
+        }
     }
 
     /// Member `i` refused a connection: skip it for `eject_for`.
@@ -226,6 +346,9 @@ impl Pool {
         {
             let mut st = self.lock();
             st.picker.set_weights(&weights);
+            if let Some(e) = &mut st.endpoint {
+                e.set_capacity(&weights.iter().map(|&w| f64::from(w)).collect::<Vec<_>>());
+            }
             st.source = source;
             st.updated_unix = Some(unix_now());
         }
@@ -274,6 +397,18 @@ impl Pool {
                 weight: weights.get(i).copied().unwrap_or(0),
                 in_flight: st.picker.in_flight(i),
                 ejected: st.ejected_until[i].is_some_and(|t| t > now),
+                picker: st.endpoint.as_ref().map(|e| {
+                    let g = st.gauges.get(i).copied().flatten();
+                    PickerView {
+                        requests: e.requests(i),
+                        uncached_tokens: e.tokens(i),
+                        indexed_blocks: e.indexed_blocks(i),
+                        waiting: g.map(|(g, _)| g.waiting),
+                        running: g.map(|(g, _)| g.running),
+                        kv_usage: g.map(|(g, _)| g.kv_usage),
+                        gauges_age_s: g.map(|(_, at)| now.saturating_duration_since(at).as_secs_f64()),
+                    }
+                }),
             })
             .collect();
         PoolView {
@@ -294,11 +429,22 @@ impl Pool {
 pub struct Picked {
     pool: Arc<Pool>,
     pub member: usize,
+    /// The endpoint picker's id for the request, when it placed it.
+    id: Option<u64>,
+}
+
+impl Picked {
+    /// The answer's first byte arrived (the end of the prefill, for the endpoint picker).
+    pub fn first_byte(&self) {
+        if let Some(id) = self.id {
+            self.pool.first_byte(id);
+        }
+    }
 }
 
 impl Drop for Picked {
     fn drop(&mut self) {
-        self.pool.finish(self.member);
+        self.pool.finish(self.member, self.id);
     }
 }
 
@@ -339,8 +485,8 @@ mod tests {
     #[test]
     fn a_dropped_pick_is_uncounted_once() {
         let p = Arc::new(pool(Algorithm::RoundRobin));
-        let a = p.pick_counted(&[], None).unwrap();
-        let b = p.pick_counted(&[], None).unwrap();
+        let a = p.pick_counted(&[], None, None).unwrap();
+        let b = p.pick_counted(&[], None, None).unwrap();
         assert_eq!(p.view().members.iter().map(|m| m.in_flight).sum::<u32>(), 2);
         drop(a);
         assert_eq!(p.view().members.iter().map(|m| m.in_flight).sum::<u32>(), 1);
@@ -355,7 +501,7 @@ mod tests {
         for _ in 0..10 {
             let i = p.pick(&[]).unwrap();
             assert_ne!(i, 0);
-            p.finish(i);
+            p.finish(i, None);
         }
         // Everything else tried: the ejected member is still a last resort.
         assert_eq!(p.pick(&[1, 2]), Some(0));

@@ -412,9 +412,15 @@ async fn handle(s: Arc<Shared>, ep: Endpoint, headers: HeaderMap, body: Body) ->
     };
     let mut tried: Vec<usize> = Vec::new();
     let key = crate::prefix_key::prefix_key(&headers, &json, s.prefix_key_from_body);
+    // Only the endpoint picker reads the prompt: the other algorithms never pay for hashing it.
+    let prompt = if pool.uses_endpoint_picker() {
+        crate::prompt::prompt_blocks(&json, llm_lc_balance::endpoint::picker::Settings::default().max_blocks)
+    } else {
+        None
+    };
     let forwarded = forwarded_headers(&pool, headers, key);
     let (picked, started) = loop {
-        let Some(picked) = pool.pick_counted(&tried, key) else {
+        let Some(picked) = pool.pick_counted(&tried, key, prompt.as_ref()) else {
             let msg = if tried.is_empty() {
                 format!("pool {} has no member available", pool.name)
             } else {
@@ -489,6 +495,7 @@ fn respond(
     let pool = &s.pools[pi];
     let pm = &s.pool_metrics[pi];
     let member = picked.member;
+    picked.first_byte();
     pm.ttft.observe(first_at.duration_since(t0).as_secs_f64());
     if status == StatusCode::OK {
         pm.ok[member].inc();

@@ -1,0 +1,128 @@
+//! The reference proxy with `algorithm: picker` (issue 41) in front of simulated vLLM servers on
+//! loopback: a prompt stays with the member that has it cached, other prompts spread, the members'
+//! gauges are read from their `/metrics` pages, a member whose page cannot be read is still
+//! served, a drained member is not, and `/admin/state` shows what the picker knows.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::routing::post;
+use axum::{Json, Router};
+use llm_lc_adapters::{MemberId, Ratios};
+use llm_lc_proxy::ProxyHandle;
+use llm_lc_sim::ModelProfile;
+use llm_lc_testkit::proxy::*;
+use llm_lc_testkit::wait;
+use serde_json::{json, Value};
+
+fn config(members: &str) -> String {
+    format!(
+        "algorithm: picker\npools:\n  - name: llm\n    members: {members}\n    metrics_interval: 50ms\nroutes:\n  steps:\n    - id: all\n      field: model\n      op: exists\n      match: {{ pool: llm }}\n      miss: {{ reject: 400, message: 'say which model' }}\n"
+    )
+}
+
+/// A chat body whose prompt is a long system prompt of `doc` and a short question.
+fn ask(doc: &str, question: &str) -> Value {
+    json!({"model": "sim-tiny", "max_tokens": 2, "messages": [
+        {"role": "system", "content": doc},
+        {"role": "user", "content": question}]})
+}
+
+fn document(n: usize) -> String {
+    format!("document {n}: ") + &"the same long context, sent again and again. ".repeat(30)
+}
+
+async fn member_of(proxy: &ProxyHandle, body: &Value) -> String {
+    let r = chat(&client(), proxy.addr(), body, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.header("x-llmlc-member").to_string()
+}
+
+/// The picker's view of every member, as `/admin/state` serves it.
+async fn state(proxy: &ProxyHandle) -> Value {
+    let r = client().get(format!("http://{}/admin/state", proxy.admin_addr())).send().await.expect("state");
+    assert_eq!(r.status(), 200);
+    r.json().await.expect("json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_stays_with_its_member_and_other_prompts_spread() {
+    let f = fleet(ModelProfile::tiny(), 3, &[], &[], 50.0).await;
+    let proxy = start_proxy(&config(&members_yaml(&f.addrs()))).await;
+    // The members' gauges arrive from their pages.
+    wait::until(Duration::from_secs(10), "every member's gauges read", || async {
+        let s = state(&proxy).await;
+        let members = s["pools"][0]["members"].as_array().cloned().unwrap_or_default();
+        members.iter().all(|m| m["picker"]["waiting"].is_u64()).then_some(())
+    })
+    .await;
+    let home = member_of(&proxy, &ask(&document(0), "first question")).await;
+    for q in 0..8 {
+        let again = member_of(&proxy, &ask(&document(0), &format!("question {q}"))).await;
+        assert_eq!(again, home, "the member that has the document cached keeps it");
+    }
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for n in 1..31 {
+        *seen.entry(member_of(&proxy, &ask(&document(n), "a question")).await).or_default() += 1;
+    }
+    assert_eq!(seen.len(), 3, "thirty other documents go to every member: {seen:?}");
+    let s = state(&proxy).await;
+    assert_eq!(s["pools"][0]["algorithm"], "picker");
+    let members = s["pools"][0]["members"].as_array().cloned().unwrap_or_default();
+    let indexed: Vec<u64> =
+        members.iter().map(|m| m["picker"]["indexed_blocks"].as_u64().unwrap_or(0)).collect();
+    assert!(indexed.iter().all(|&b| b > 0), "each member's index holds what it was sent: {indexed:?}");
+    // Every request has ended: nothing is left in flight in the picker's accounting.
+    assert!(
+        members.iter().all(|m| m["picker"]["requests"] == 0 && m["picker"]["uncached_tokens"] == 0),
+        "{s}"
+    );
+    proxy.shutdown().await;
+}
+
+/// A member that answers chat completions but has no metrics page.
+async fn without_metrics() -> SocketAddr {
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(|Json(_): Json<Value>| async {
+            Json(json!({"id": "x", "object": "chat.completion", "model": "sim-tiny",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}))
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_gauges_is_still_served_and_a_drained_member_is_not() {
+    let f = fleet(ModelProfile::tiny(), 2, &[], &[], 50.0).await;
+    let blind = without_metrics().await;
+    let addrs = [f.addrs()[0], f.addrs()[1], blind];
+    let proxy = start_proxy(&config(&members_yaml(&addrs))).await;
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for n in 0..30 {
+        *seen.entry(member_of(&proxy, &ask(&document(n), "q")).await).or_default() += 1;
+    }
+    assert!(
+        seen.contains_key(&blind.to_string()),
+        "the member without a metrics page is chosen too: {seen:?}"
+    );
+    let s = state(&proxy).await;
+    assert!(s["pools"][0]["members"][2]["picker"]["waiting"].is_null(), "no gauges shown for it: {s}");
+    // The controller drains the second simulated member: the picker never sends it anything.
+    let ratios: Ratios =
+        addrs.iter().zip([100, 0, 100]).map(|(a, r)| (MemberId::from(a.to_string().as_str()), r)).collect();
+    proxy.apply_ratios("llm", &ratios).expect("ratios apply");
+    for n in 100..130 {
+        assert_ne!(member_of(&proxy, &ask(&document(n), "q")).await, addrs[1].to_string());
+    }
+    // A request without a prompt is still placed (by the ratios).
+    let r =
+        chat(&client(), proxy.addr(), &json!({"model": "sim-tiny", "max_tokens": 2, "messages": []}), &[])
+            .await;
+    assert_ne!(r.header("x-llmlc-member"), addrs[1].to_string(), "{}", r.text);
+    proxy.shutdown().await;
+}
