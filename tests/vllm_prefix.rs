@@ -58,20 +58,25 @@ fn body(seed: u64, c: usize, n: u64) -> serde_json::Value {
 
 async fn row(servers: &[VllmServer], hx: &Haproxy, lb: Lb, secs: u64, seed: u64) -> Row {
     let port = lb.port(hx);
+    row_through(servers, &format!("http://127.0.0.1:{port}"), &format!("{lb:?}"), secs, seed).await
+}
+
+/// A row through whatever listens at `base`.
+async fn row_through(servers: &[VllmServer], base: &str, what: &str, secs: u64, seed: u64) -> Row {
     let before = prefix_counters(servers).await;
     let stats = closed_loop_of(
-        &format!("http://127.0.0.1:{port}"),
+        base,
         CLIENTS,
         Duration::from_secs(secs),
         move |c, n| body(seed, c, n),
     )
     .await;
     let after = prefix_counters(servers).await;
-    assert!(stats.completed > 0 && stats.failed == 0, "{lb:?}: {stats:?}\n{}", servers[0].log_tail());
+    assert!(stats.completed > 0 && stats.failed == 0, "{what}: {stats:?}\n{}", servers[0].log_tail());
     Row { stats, hit_share: (after.0 - before.0) / (after.1 - before.1).max(1.0) }
 }
 
-fn line(lb: Lb, seed: u64, r: &Row) -> String {
+fn line(lb: impl std::fmt::Debug, seed: u64, r: &Row) -> String {
     format!(
         "| {lb:?} (seed {seed}) | {:.0}% | {:.0} ms | {:.0} ms | {:.0} ms | {} | {:.0} |",
         r.hit_share * 100.0,
@@ -106,5 +111,49 @@ async fn real_vllm_prefix_table() {
             if pair[0].0 == Lb::PrefixHash { (&pair[0].1, &pair[1].1) } else { (&pair[1].1, &pair[0].1) };
         assert!(hash.hit_share > lc.hit_share, "cached share {:.2} vs {:.2}", hash.hit_share, lc.hit_share);
         assert!(hash.stats.ttft_quantile(0.5) < lc.stats.ttft_quantile(0.5), "TTFT p50");
+    }
+}
+
+/// The reference proxy in front of the three servers with one algorithm (`prefix-affinity` with
+/// its opt-in body key: the model and the prompt's first 256 characters).
+async fn proxy_with(members: &[String], algorithm: &str) -> llm_lc_proxy::ProxyHandle {
+    let list = members.iter().map(|m| format!("'{m}'")).collect::<Vec<_>>().join(", ");
+    let yaml = format!(
+        "algorithm: {algorithm}\nprefix_key_from_body: true\ntimeouts:\n  first_byte: 120s\npools:\n  - name: llm\n    members: [{list}]\nroutes:\n  steps:\n    - id: all\n      field: model\n      op: exists\n      match: {{ pool: llm }}\n      miss: {{ reject: 400 }}\n"
+    );
+    llm_lc_testkit::proxy::start_proxy(&yaml).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a 6-minute measurement; tests/vllm/picker.sh runs it"]
+async fn real_vllm_picker_table() {
+    let secs: u64 = std::env::var("LLMLC_PREFIX_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    let servers =
+        VllmServer::start_all(&[Options::new(4, 8, 0), Options::new(4, 8, 1), Options::new(4, 8, 0)]).await;
+    let members: Vec<String> = servers.iter().map(|s| s.addr()).collect();
+    let algorithms = ["picker", "prefix-affinity", "weighted-least-request"];
+    let mut proxies = Vec::new();
+    for a in algorithms {
+        proxies.push(proxy_with(&members, a).await);
+    }
+    println!(
+        "\n| proxy algorithm | prompt tokens cached | TTFT p50 | p90 | p99 | requests | tok/s |\n|---|---|---|---|---|---|---|"
+    );
+    // Interleaved, forwards then backwards, so a drift of the machine's speed hits all alike.
+    let order = [0, 1, 2, 2, 1, 0];
+    let mut rows: Vec<(usize, Row)> = Vec::new();
+    for (k, &a) in order.iter().enumerate() {
+        let seed = 41 + k as u64;
+        let base = format!("http://{}", proxies[a].addr());
+        let r = row_through(&servers, &base, algorithms[a], secs, seed).await;
+        println!("{}", line(algorithms[a], seed, &r));
+        rows.push((a, r));
+    }
+    let of = |a: usize| rows.iter().filter(move |(x, _)| *x == a).map(|(_, r)| r);
+    for (p, w) in of(0).zip(of(2)) {
+        assert!(p.hit_share > w.hit_share, "cached share {:.2} vs {:.2}", p.hit_share, w.hit_share);
+    }
+    for p in proxies {
+        p.shutdown().await;
     }
 }
