@@ -2,7 +2,9 @@
 //! default), each member's `/metrics` page is read for its waiting and running requests and its
 //! KV-cache usage, vLLM's names or llama.cpp's, all members at once, each read bounded by the
 //! interval. A page that cannot be read, or reads without the gauges, leaves the member without
-//! gauges: the picker scores it from its own accounting until a page reads again.
+//! gauges: the picker scores it from its own accounting until a page reads again. A read may take
+//! up to [`READ_AT_LEAST`] when the interval is shorter (a busy CPU engine serves its page in
+//! hundreds of milliseconds); the next read waits for it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +22,9 @@ const WAITING: &[&str] = &["vllm:num_requests_waiting", "llamacpp:requests_defer
 const RUNNING: &[&str] = &["vllm:num_requests_running", "llamacpp:requests_processing"];
 const KV_USAGE: &[&str] =
     &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "llamacpp:kv_cache_usage_ratio"];
+
+/// The least time a read is given, whatever the interval.
+pub const READ_AT_LEAST: Duration = Duration::from_millis(500);
 
 /// A metrics page larger than this is not a model server's.
 const MAX_PAGE_BYTES: usize = exposition::DEFAULT_MAX_BYTES;
@@ -66,7 +71,8 @@ pub async fn poll(pool: Arc<Pool>, client: reqwest::Client, stop: CancellationTo
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let reads = join_all(pool.bases.iter().map(|b| read_member(&client, b, every))).await;
+        let bound = every.max(READ_AT_LEAST);
+        let reads = join_all(pool.bases.iter().map(|b| read_member(&client, b, bound))).await;
         for (i, g) in reads.into_iter().enumerate() {
             // Logged once per change from readable to not, never per read.
             if g.is_none() != failing[i] {
