@@ -149,24 +149,30 @@ fn members(p: &PoolConfig) -> Value {
     }
     if let Some(k) = kubernetes {
         let mut km = Mapping::new();
-        put(&mut km, "service", k.service.as_str());
+        if let Some(service) = &k.service {
+            put(&mut km, "service", service.as_str());
+        }
+        if let Some(pool) = &k.inference_pool {
+            put(&mut km, "inference_pool", pool.as_str());
+        }
         put(
             &mut km,
             "namespace",
             k.namespace.clone().unwrap_or_else(|| "POD_NAMESPACE or the service account's".into()),
         );
-        put(
-            &mut km,
-            "port",
-            k.port.as_ref().map(|p| p.to_string()).unwrap_or_else(|| "the Service's only port".into()),
-        );
+        let default_port = if k.service.is_some() { "the Service's only port" } else { "every target port" };
+        put(&mut km, "port", k.port.as_ref().map(|p| p.to_string()).unwrap_or_else(|| default_port.into()));
         put(&mut km, "api_url", k.api_url.as_deref().map(redact_url).unwrap_or_else(|| "in-cluster".into()));
         put(&mut km, "token", k.token.as_ref().map(secret).unwrap_or_else(|| "the service account's".into()));
         put(&mut km, "timeout", dur(k.timeout));
         put(
             &mut km,
             "read_each_cycle",
-            "ready endpoints of the Service's EndpointSlices (label kubernetes.io/service-name)",
+            if k.service.is_some() {
+                "ready endpoints of the Service's EndpointSlices (label kubernetes.io/service-name)"
+            } else {
+                "ready pods of the InferencePool's selector (inference.networking.k8s.io/v1), on its target ports"
+            },
         );
         put(&mut m, "kubernetes", km);
     }

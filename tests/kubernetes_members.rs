@@ -418,3 +418,107 @@ async fn churning_members_leave_no_series_behind() {
     assert!(log.contains("not a member name"), "the hostile address is refused: {log}");
     eprintln!("churned {g} generations ({} members), at most {most} members and {most_lines} member lines on a page", g * 10);
 }
+
+/// The controller with `members: { kubernetes: { inference_pool } }`.
+fn start_for_pool(api: &str, token: &str, pool: &str) -> Running {
+    let dir = tempfile::tempdir().expect("tmp");
+    let listen = ports::free_port();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interval: 200ms\nlisten: 127.0.0.1:{listen}\nleader_election: {{ enabled: false }}\nsources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members:\n      kubernetes: {{ inference_pool: {pool}, namespace: {NS}, api_url: '{api}', token: {{ value: {token} }} }}\n"
+        ),
+    )
+    .expect("config");
+    let log = dir.path().join("stderr.log");
+    let child = cmd()
+        .args(["run", "--dry-run", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("start controller");
+    Running { child, listen, log, _dir: dir }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_follow_the_ready_pods_of_an_inference_pool() {
+    let kube = FakeKube::start(&["t"]).await;
+    // Every pod of a pool serves on the pool's target port: three pods on three loopback
+    // addresses, one metrics page each.
+    let page = llm_lc_testkit::metrics_target::vllm_text(0.0, 1.0, 0.1);
+    let first = MetricsTarget::start_at(([127, 0, 0, 2], 0).into(), &page).await.expect("bind 127.0.0.2");
+    let port = first.addr.port();
+    let mut _targets = vec![first];
+    for last in [3, 4] {
+        let at = ([127, 0, 0, last], port).into();
+        _targets.push(
+            MetricsTarget::start_at(at, &page).await.expect("the same port on another loopback address"),
+        );
+    }
+    let sel = [("app", "vllm"), ("model", "llama")];
+    kube.put_inference_pool(NS, "llama", &sel, &[port]);
+    kube.put_pod(NS, "a", &sel, "127.0.0.2", "w1", true, false);
+    kube.put_pod(NS, "b", &sel, "127.0.0.3", "w2", false, false);
+    kube.put_pod(NS, "c", &[("app", "vllm"), ("model", "other")], "127.0.0.4", "w3", true, false);
+    let run = start_for_pool(&kube.url(), "t", "llama");
+    let member = |ip: &str| format!("{ip}:{port}");
+    let want = |ips: &[&str]| ips.iter().map(|ip| member(ip)).collect::<BTreeSet<_>>();
+    run.wait_members(&want(&["127.0.0.2"]), "the one ready pod of the pool's selector").await;
+    // A pod turns ready, another pod is relabelled into the pool: both join; the first starts
+    // terminating: it leaves before it stops serving.
+    kube.put_pod(NS, "b", &sel, "127.0.0.3", "w2", true, false);
+    kube.put_pod(NS, "c", &sel, "127.0.0.4", "w3", true, false);
+    run.wait_members(&want(&["127.0.0.2", "127.0.0.3", "127.0.0.4"]), "three ready pods").await;
+    kube.put_pod(NS, "a", &sel, "127.0.0.2", "w1", true, true);
+    run.wait_members(&want(&["127.0.0.3", "127.0.0.4"]), "the terminating pod left").await;
+    // The pool is deleted: discovery fails, the last members are kept, and the log says why once.
+    kube.put_inference_pool(NS, "llama", &[], &[port]);
+    wait::until(Duration::from_secs(20), "the empty selector reported", || async {
+        run.log().contains("matchLabels is empty").then_some(())
+    })
+    .await;
+    assert_eq!(run.members().await, Some(want(&["127.0.0.3", "127.0.0.4"])), "{}", run.log());
+    assert!(kube.errors().is_empty(), "the client sent nothing the API server refused: {:?}", kube.errors());
+}
+
+#[test]
+fn the_inference_pool_rbac_grants_what_its_example_config_needs_and_no_writes() {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use serde::Deserialize;
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cfg_path = root.join("config/openshift-inference-pool-members.yaml");
+    let text = std::fs::read_to_string(&cfg_path).expect("example config");
+    let cfg: llm_load_controller::config::Config =
+        llm_load_controller::config::deserialize_yaml(&cfg_path, &text).expect("example parses");
+    let k = cfg.pools[0].members.kubernetes.clone().expect("kubernetes members");
+    assert!(k.inference_pool.is_some() && k.service.is_none());
+    let ns = k.namespace.expect("the example names its namespace");
+    let rbac = std::fs::read_to_string(root.join("deploy/openshift/inference-pool-members/rbac.yaml"))
+        .expect("rbac");
+    let docs: Vec<serde_yaml_ng::Value> = serde_yaml_ng::Deserializer::from_str(&rbac)
+        .map(|d| serde_yaml_ng::Value::deserialize(d).expect("YAML"))
+        .collect();
+    let role: Role = serde_yaml_ng::from_value(docs[0].clone()).expect("Role");
+    let rb: RoleBinding = serde_yaml_ng::from_value(docs[1].clone()).expect("RoleBinding");
+    assert_eq!(role.metadata.namespace.as_deref(), Some(ns.as_str()));
+    assert_eq!(rb.metadata.namespace.as_deref(), Some(ns.as_str()));
+    let rules = role.rules.expect("rules");
+    let grants = |group: &str, resource: &str, verb: &str| {
+        rules.iter().any(|r| {
+            r.api_groups.as_deref().is_some_and(|g| g.iter().any(|x| x == group))
+                && r.resources.as_deref().is_some_and(|x| x.iter().any(|x| x == resource))
+                && r.verbs.iter().any(|v| v == verb)
+        })
+    };
+    assert!(grants("inference.networking.k8s.io", "inferencepools", "get"), "the controller gets the pool");
+    assert!(grants("", "pods", "list"), "and lists its pods");
+    assert_eq!(rules.len(), 2, "nothing else");
+    assert!(
+        rules.iter().flat_map(|r| &r.verbs).all(|v| ["get", "list", "watch"].contains(&v.as_str())),
+        "read-only"
+    );
+    assert_eq!(rb.role_ref.name, role.metadata.name.unwrap_or_default());
+}

@@ -64,13 +64,7 @@ async fn row(servers: &[VllmServer], hx: &Haproxy, lb: Lb, secs: u64, seed: u64)
 /// A row through whatever listens at `base`.
 async fn row_through(servers: &[VllmServer], base: &str, what: &str, secs: u64, seed: u64) -> Row {
     let before = prefix_counters(servers).await;
-    let stats = closed_loop_of(
-        base,
-        CLIENTS,
-        Duration::from_secs(secs),
-        move |c, n| body(seed, c, n),
-    )
-    .await;
+    let stats = closed_loop_of(base, CLIENTS, Duration::from_secs(secs), move |c, n| body(seed, c, n)).await;
     let after = prefix_counters(servers).await;
     assert!(stats.completed > 0 && stats.failed == 0, "{what}: {stats:?}\n{}", servers[0].log_tail());
     Row { stats, hit_share: (after.0 - before.0) / (after.1 - before.1).max(1.0) }

@@ -1,8 +1,10 @@
 //! Members from Kubernetes: a pool's members are the ready endpoints of a Service, read from its
-//! EndpointSlices (`discovery.k8s.io/v1`, label `kubernetes.io/service-name`).
+//! EndpointSlices (`discovery.k8s.io/v1`, label `kubernetes.io/service-name`), or the ready pods of
+//! an InferencePool ([`super::inference_pool`]).
 //!
 //! ```yaml
 //! members: { kubernetes: { service: vllm, namespace: llm-serving, port: http } }
+//! members: { kubernetes: { inference_pool: vllm-llama3, namespace: llm-serving } }
 //! ```
 //!
 //! Why EndpointSlices: on OpenShift pods come and go (rollouts, autoscaling, evictions) and the
@@ -29,13 +31,19 @@ use crate::source::SourceError;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesMembers {
-    /// The Service whose endpoints are the members.
-    pub service: String,
+    /// The Service whose endpoints are the members (or `inference_pool`).
+    #[serde(default)]
+    pub service: Option<String>,
+    /// The InferencePool (`inference.networking.k8s.io/v1`) whose ready pods are the members, on
+    /// its target ports (or `service`).
+    #[serde(default)]
+    pub inference_pool: Option<String>,
     /// Its namespace. Default: `POD_NAMESPACE`, else the service account's namespace.
     #[serde(default)]
     pub namespace: Option<String>,
     /// The endpoint port: its number (the pods' port, as the slices list it) or its name in the
-    /// Service. May be left out when the Service has one port.
+    /// Service. May be left out when the Service has one port. With `inference_pool`: one of its
+    /// target port numbers, to use only that one (default: all of them).
     #[serde(default)]
     pub port: Option<PortRef>,
     /// API server URL. Default: in-cluster (`KUBERNETES_SERVICE_HOST`/`PORT`).
@@ -77,15 +85,35 @@ impl KubernetesMembers {
     /// Problems visible without the API server, as `(field, message)` relative to `kubernetes`.
     pub fn validate(&self) -> Vec<(String, String)> {
         let mut errs = Vec::new();
-        // Service names are DNS-1035 labels; namespaces DNS-1123 labels (Kubernetes' own rules).
-        if !is_dns_label(&self.service) || !self.service.starts_with(|c: char| c.is_ascii_lowercase()) {
-            errs.push((
-                "service".into(),
-                format!(
-                    "{:?} is not a Service name (lowercase letters, digits and '-', starting with a letter, at most 63)",
-                    self.service
-                ),
-            ));
+        // Service names are DNS-1035 labels; namespaces DNS-1123 labels; InferencePools DNS-1123
+        // subdomains (Kubernetes' own rules).
+        match (&self.service, &self.inference_pool) {
+            (Some(service), None) => {
+                if !is_dns_label(service) || !service.starts_with(|c: char| c.is_ascii_lowercase()) {
+                    errs.push((
+                        "service".into(),
+                        format!(
+                            "{service:?} is not a Service name (lowercase letters, digits and '-', starting with a letter, at most 63)"
+                        ),
+                    ));
+                }
+            }
+            (None, Some(pool)) => {
+                if !is_dns_subdomain(pool) {
+                    errs.push((
+                        "inference_pool".into(),
+                        format!("{pool:?} is not an object name (lowercase letters, digits, '-' and '.', at most 253)"),
+                    ));
+                }
+                if matches!(self.port, Some(PortRef::Name(_))) {
+                    errs.push((
+                        "port".into(),
+                        "an InferencePool's target ports are numbers: name one of them, or leave `port` out"
+                            .into(),
+                    ));
+                }
+            }
+            _ => errs.push(("service".into(), "set exactly one of `service` and `inference_pool`".into())),
         }
         if let Some(ns) = &self.namespace {
             if !is_dns_label(ns) {
@@ -122,6 +150,10 @@ impl KubernetesMembers {
 fn is_dns_label(s: &str) -> bool {
     let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
     !s.is_empty() && s.len() <= 63 && s.chars().all(ok) && !s.starts_with('-') && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 /// IANA service name, as Kubernetes validates port names.
@@ -311,26 +343,72 @@ impl ServiceMembers {
     }
 
     fn what(&self) -> String {
-        format!("EndpointSlices of Service {}/{}", self.namespace, self.cfg.service)
+        match (&self.cfg.service, &self.cfg.inference_pool) {
+            (Some(service), _) => format!("EndpointSlices of Service {}/{service}", self.namespace),
+            (None, pool) => format!(
+                "InferencePool {}/{} and its pods",
+                self.namespace,
+                pool.as_deref().unwrap_or_default()
+            ),
+        }
     }
 
-    /// The Service's ready endpoints now, with their zone and node.
+    fn api_error(&self, e: ApiError) -> SourceError {
+        match e {
+            ApiError::Transport { detail, .. } => SourceError::Unreachable { what: self.what(), detail },
+            ApiError::Decode(detail) => SourceError::Malformed { what: self.what(), detail },
+            other => SourceError::Unreachable { what: self.what(), detail: other.to_string() },
+        }
+    }
+
+    /// The ready members now, with their zone and node where known.
     pub async fn members(&self) -> Result<Vec<Labelled>, SourceError> {
-        let selector: String = url::form_urlencoded::byte_serialize(
-            format!("kubernetes.io/service-name={}", self.cfg.service).as_bytes(),
-        )
-        .collect();
+        match (&self.cfg.service, &self.cfg.inference_pool) {
+            (Some(service), _) => self.service_members(service).await,
+            (None, Some(pool)) => self.pool_members(pool).await,
+            (None, None) => Ok(Vec::new()),
+        }
+    }
+
+    async fn service_members(&self, service: &str) -> Result<Vec<Labelled>, SourceError> {
+        let selector: String =
+            url::form_urlencoded::byte_serialize(format!("kubernetes.io/service-name={service}").as_bytes())
+                .collect();
         let path = format!(
             "/apis/discovery.k8s.io/v1/namespaces/{}/endpointslices?labelSelector={selector}",
             self.namespace
         );
-        let list: SliceList = self.api.get_json(&path).await.map_err(|e| match e {
-            ApiError::Transport { detail, .. } => SourceError::Unreachable { what: self.what(), detail },
-            ApiError::Decode(detail) => SourceError::Malformed { what: self.what(), detail },
-            other => SourceError::Unreachable { what: self.what(), detail: other.to_string() },
-        })?;
-        ready_endpoints(&list.items, self.cfg.port.as_ref(), &self.cfg.service)
+        let list: SliceList = self.api.get_json(&path).await.map_err(|e| self.api_error(e))?;
+        ready_endpoints(&list.items, self.cfg.port.as_ref(), service)
             .map_err(|detail| SourceError::Malformed { what: self.what(), detail })
+    }
+
+    async fn pool_members(&self, name: &str) -> Result<Vec<Labelled>, SourceError> {
+        use super::inference_pool::{ready_pod_members, InferencePool, PodList, API};
+        let malformed = |detail: String| SourceError::Malformed { what: self.what(), detail };
+        let pool: InferencePool = self
+            .api
+            .get_json(&format!("/apis/{API}/namespaces/{}/inferencepools/{name}", self.namespace))
+            .await
+            .map_err(|e| self.api_error(e))?;
+        let selector = pool.label_selector().map_err(malformed)?;
+        let mut ports = pool.ports().map_err(malformed)?;
+        if let Some(PortRef::Number(n)) = self.cfg.port {
+            if !ports.contains(&n) {
+                return Err(malformed(format!(
+                    "members.kubernetes.port {n} is not one of its target ports ({})",
+                    ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ")
+                )));
+            }
+            ports = vec![n];
+        }
+        let query: String = url::form_urlencoded::byte_serialize(selector.as_bytes()).collect();
+        let list: PodList = self
+            .api
+            .get_json(&format!("/api/v1/namespaces/{}/pods?labelSelector={query}", self.namespace))
+            .await
+            .map_err(|e| self.api_error(e))?;
+        Ok(ready_pod_members(&pool.spec.selector.match_labels, &ports, &list.items))
     }
 
     pub fn namespace(&self) -> &str {
@@ -422,7 +500,8 @@ mod tests {
     #[test]
     fn names_are_validated_like_kubernetes_does() {
         let mut c = KubernetesMembers {
-            service: "Vllm_svc".into(),
+            service: Some("Vllm_svc".into()),
+            inference_pool: None,
             namespace: Some("-bad".into()),
             port: Some(PortRef::Name("a-very-long-port-name".into())),
             api_url: Some("ftp://x".into()),
@@ -433,12 +512,22 @@ mod tests {
         let fields: Vec<String> = c.validate().into_iter().map(|(f, _)| f).collect();
         assert_eq!(fields, ["service", "namespace", "port", "api_url"]);
         c = KubernetesMembers {
-            service: "vllm".into(),
+            service: Some("vllm".into()),
             namespace: None,
             port: Some(PortRef::Number(8000)),
             api_url: None,
             ..c
         };
         assert!(c.validate().is_empty(), "{:?}", c.validate());
+        // An InferencePool instead: exactly one of the two, its name a subdomain, a numbered port.
+        let pool =
+            KubernetesMembers { service: None, inference_pool: Some("vllm.llama-3".into()), ..c.clone() };
+        assert!(pool.validate().is_empty(), "{:?}", pool.validate());
+        let both = KubernetesMembers { inference_pool: Some("p".into()), ..c.clone() };
+        assert_eq!(both.validate()[0].1, "set exactly one of `service` and `inference_pool`");
+        let named = KubernetesMembers { port: Some(PortRef::Name("http".into())), ..pool.clone() };
+        assert_eq!(named.validate()[0].0, "port");
+        let bad = KubernetesMembers { inference_pool: Some("Bad_Pool".into()), ..pool };
+        assert_eq!(bad.validate()[0].0, "inference_pool");
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod config;
 pub use llm_lc_common::exposition;
+pub mod inference_pool;
 pub mod kubernetes;
 pub mod profile;
 pub mod prometheus;

@@ -19,6 +19,10 @@
 //! slices whose labels match every term (equality only; other selector syntax is a 400, as a typo
 //! would be), with the list's `resourceVersion`. A token can be denied the list (403 `Forbidden`,
 //! as without the RBAC rule).
+//!
+//! And InferencePools (`inference.networking.k8s.io/v1`, GET by name; 404 `NotFound` for another)
+//! and Pods (`GET /api/v1/namespaces/NS/pods?labelSelector=...`, the same selector rules), both
+//! read-only, for members read from an InferencePool.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -58,6 +62,9 @@ struct Inner {
     slices: BTreeMap<(String, String), Value>,
     /// Tokens without RBAC on endpointslices.
     no_slices_for: BTreeSet<String>,
+    /// InferencePools and Pods by (namespace, name), as JSON objects.
+    inference_pools: BTreeMap<(String, String), Value>,
+    pods: BTreeMap<(String, String), Value>,
     /// EndpointSlice lists served.
     slice_lists: u64,
 }
@@ -193,6 +200,61 @@ impl FakeKube {
                 ep["nodeName"] = json!(node);
             }
         }
+    }
+
+    /// Create or replace an InferencePool selecting pods by `labels`, serving on `ports`.
+    pub fn put_inference_pool(&self, namespace: &str, name: &str, labels: &[(&str, &str)], ports: &[u16]) {
+        let mut g = self.lock();
+        g.version += 1;
+        let rv = g.version.to_string();
+        let match_labels: serde_json::Map<String, Value> =
+            labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+        let obj = json!({
+            "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": rv},
+            "spec": {
+                "selector": {"matchLabels": match_labels},
+                "targetPorts": ports.iter().map(|p| json!({"number": p})).collect::<Vec<_>>(),
+                "endpointPickerRef": {"name": format!("{name}-epp"), "port": {"number": 9002}},
+            },
+        });
+        g.inference_pools.insert((namespace.to_string(), name.to_string()), obj);
+    }
+
+    /// Create or replace a Pod with `labels` at `ip` on `node`, `ready` or not, `terminating` or
+    /// not (a deletion timestamp set).
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+        ip: &str,
+        node: &str,
+        ready: bool,
+        terminating: bool,
+    ) {
+        let mut g = self.lock();
+        g.version += 1;
+        let rv = g.version.to_string();
+        let labels: serde_json::Map<String, Value> =
+            labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+        let mut meta = json!({"name": name, "namespace": namespace, "resourceVersion": rv, "labels": labels});
+        if terminating {
+            meta["deletionTimestamp"] = json!("2026-12-07T10:00:00Z");
+        }
+        let obj = json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node, "containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]},
+            "status": {
+                "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "Ready", "status": if ready { "True" } else { "False" }},
+                ],
+            },
+        });
+        g.pods.insert((namespace.to_string(), name.to_string()), obj);
     }
 
     pub fn delete_endpoint_slice(&self, namespace: &str, name: &str) {
@@ -385,6 +447,44 @@ async fn handle(
     {
         return list_slices(&mut g, &method, ns, uri.query().unwrap_or_default(), &token);
     }
+    if let Some((ns, name)) = path
+        .strip_prefix("/apis/inference.networking.k8s.io/v1/namespaces/")
+        .and_then(|r| r.split_once("/inferencepools/"))
+    {
+        if method != Method::GET {
+            let m = "the fake serves InferencePools read-only".to_string();
+            return reject(&mut g, StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", m, "");
+        }
+        return match g.inference_pools.get(&(ns.to_string(), name.to_string())).cloned() {
+            Some(obj) => {
+                (StatusCode::OK, [("content-type", "application/json")], obj.to_string()).into_response()
+            }
+            None => {
+                let m = format!("inferencepools.inference.networking.k8s.io \"{name}\" not found");
+                reject(&mut g, StatusCode::NOT_FOUND, "NotFound", m, name)
+            }
+        };
+    }
+    if let Some(ns) = path.strip_prefix("/api/v1/namespaces/").and_then(|r| r.strip_suffix("/pods")) {
+        if method != Method::GET {
+            let m = "the fake serves Pods read-only".to_string();
+            return reject(&mut g, StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", m, "");
+        }
+        let terms = match selector_terms(uri.query().unwrap_or_default()) {
+            Ok(t) => t,
+            Err(m) => return reject(&mut g, StatusCode::BAD_REQUEST, "BadRequest", m, ""),
+        };
+        let items: Vec<Value> = g
+            .pods
+            .iter()
+            .filter(|((n, _), _)| n == ns)
+            .map(|(_, v)| v)
+            .filter(|v| terms.iter().all(|(k, val)| v["metadata"]["labels"][k.as_str()] == val.as_str()))
+            .cloned()
+            .collect();
+        let body = json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": g.version.to_string()}, "items": items});
+        return (StatusCode::OK, [("content-type", "application/json")], body.to_string()).into_response();
+    }
     let rest = match path.strip_prefix(PREFIX) {
         Some(r) => r,
         None => {
@@ -547,24 +647,10 @@ fn list_slices(g: &mut Inner, method: &Method, ns: &str, query: &str, token: &st
             "",
         );
     }
-    let mut terms: Vec<(String, String)> = Vec::new();
-    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
-        if k != "labelSelector" {
-            continue;
-        }
-        for term in v.split(',').filter(|t| !t.is_empty()) {
-            match term.split_once('=') {
-                Some((key, val)) if !key.ends_with('!') && !val.starts_with('=') => {
-                    terms.push((key.trim().to_string(), val.trim().to_string()))
-                }
-                _ => {
-                    let m =
-                        format!("unable to parse requirement: the fake takes key=value terms only: {term:?}");
-                    return reject(g, StatusCode::BAD_REQUEST, "BadRequest", m, "");
-                }
-            }
-        }
-    }
+    let terms = match selector_terms(query) {
+        Ok(t) => t,
+        Err(m) => return reject(g, StatusCode::BAD_REQUEST, "BadRequest", m, ""),
+    };
     g.slice_lists += 1;
     let items: Vec<Value> = g
         .slices
@@ -580,6 +666,30 @@ fn list_slices(g: &mut Inner, method: &Method, ns: &str, query: &str, token: &st
         "items": items,
     });
     (StatusCode::OK, [("content-type", "application/json")], body.to_string()).into_response()
+}
+
+/// The `key=value` terms of a query's `labelSelector` (other selector syntax is refused, as a typo
+/// would be by the real server's parser).
+fn selector_terms(query: &str) -> Result<Vec<(String, String)>, String> {
+    let mut terms: Vec<(String, String)> = Vec::new();
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        if k != "labelSelector" {
+            continue;
+        }
+        for term in v.split(',').filter(|t| !t.is_empty()) {
+            match term.split_once('=') {
+                Some((key, val)) if !key.ends_with('!') && !val.starts_with('=') => {
+                    terms.push((key.trim().to_string(), val.trim().to_string()))
+                }
+                _ => {
+                    return Err(format!(
+                        "unable to parse requirement: the fake takes key=value terms only: {term:?}"
+                    ))
+                }
+            }
+        }
+    }
+    Ok(terms)
 }
 
 #[cfg(test)]

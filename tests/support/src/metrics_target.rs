@@ -15,6 +15,12 @@ pub struct MetricsTarget {
 
 impl MetricsTarget {
     pub async fn start(text: &str) -> MetricsTarget {
+        Self::start_at(([127, 0, 0, 1], 0).into(), text).await.expect("bind metrics target")
+    }
+
+    /// [`MetricsTarget::start`] on a given address (another loopback address, a given port: the
+    /// pods of one InferencePool all serve on its target port).
+    pub async fn start_at(at: std::net::SocketAddr, text: &str) -> std::io::Result<MetricsTarget> {
         let text = Arc::new(Mutex::new(text.to_string()));
         let app = Router::new()
             .route(
@@ -24,12 +30,12 @@ impl MetricsTarget {
                 }),
             )
             .with_state(text.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind metrics target");
-        let addr = listener.local_addr().expect("local addr");
+        let listener = tokio::net::TcpListener::bind(at).await?;
+        let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        MetricsTarget { addr, text, task }
+        Ok(MetricsTarget { addr, text, task })
     }
 
     /// A vLLM v1 metrics page with the given load, split over two data-parallel engines.
