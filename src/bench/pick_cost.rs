@@ -69,7 +69,7 @@ pub fn measure(members: usize, entries: usize, blocks: usize, picks: usize, seed
         }
     }
     times.sort_by(f64::total_cmp);
-    let at = |q: f64| times.get(((times.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+    let at = |q: f64| llm_lc_common::percentile(&times, q).unwrap_or(0.0);
     PickCost {
         members,
         index_entries: entries,

@@ -1,13 +1,10 @@
 //! Summaries of a run: exact percentiles of per-request latencies, a log-bucket histogram for the
 //! per-token gaps (too many to keep), and time averages of spreads across replicas.
 
-/// Nearest-rank percentile of a sorted slice (`p` in 0..=1); `NaN` when empty.
+/// Nearest-rank percentile of a sorted slice (`p` in 0..=1, [`llm_lc_common::percentile`]); `NaN`
+/// when empty.
 pub fn percentile(sorted: &[f32], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p * sorted.len() as f64).ceil().max(1.0) as usize;
-    sorted[rank.min(sorted.len()) - 1] as f64
+    llm_lc_common::percentile(sorted, p).map_or(f64::NAN, f64::from)
 }
 
 /// Sort latencies for [`percentile`]; values are finite by construction.

@@ -1,5 +1,6 @@
 //! Small rules several crates of the workspace share, written once: the stable hashes that must
-//! agree across processes and releases ([`fnv1a64`], [`splitmix64`]), the palette every chart
+//! agree across processes and releases ([`fnv1a64`], [`splitmix64`]), the one percentile rule
+//! every report quotes ([`percentile`]), the palette every chart
 //! is drawn with ([`PALETTE`]), and the reader of model servers' metrics pages ([`exposition`]:
 //! the controller's scrapes and the proxy's endpoint picker read pages alike). Its one dependency is
 //! memchr, so any crate can use it without pulling more.
@@ -31,6 +32,18 @@ pub fn splitmix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The nearest-rank percentile of `sorted` (ascending), `q` in 0..=1: the smallest value with at
+/// least `q` of the values at or below it (p99 of 100 values is the 99th). `None` when empty. Every
+/// TTFT quoted by the bench, the demo and the tests' measurements uses this rule, so a p99 here
+/// and a p99 there are the same statistic.
+pub fn percentile<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (q * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted.get(rank.min(sorted.len()) - 1).copied()
+}
+
 /// The colours of every chart we draw, as RGB: Okabe-Ito without its yellow (unreadable on white),
 /// readable by colour-blind readers. Series `i` takes `PALETTE[i % PALETTE.len()]`.
 pub const PALETTE: [(u8, u8, u8); 8] = [
@@ -47,6 +60,19 @@ pub const PALETTE: [(u8, u8, u8); 8] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let v: Vec<u32> = (1..=100).collect();
+        assert_eq!(
+            (percentile(&v, 0.5), percentile(&v, 0.99), percentile(&v, 1.0)),
+            (Some(50), Some(99), Some(100))
+        );
+        assert_eq!(
+            (percentile(&v, 0.0), percentile(&[7], 0.99), percentile::<u32>(&[], 0.5)),
+            (Some(1), Some(7), None)
+        );
+    }
 
     #[test]
     fn the_hashes_keep_their_published_values() {

@@ -21,12 +21,9 @@ pub struct PhaseStats {
     pub kv_spread_settled: Option<f64>,
 }
 
+/// The nearest-rank percentile the bench quotes too ([`llm_lc_common::percentile`]).
 pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted.get(idx).copied()
+    llm_lc_common::percentile(sorted, q)
 }
 
 pub fn phase_stats(ticks: &[Tick], outcomes: &[Outcome], phase: usize) -> PhaseStats {

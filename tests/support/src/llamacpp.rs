@@ -186,11 +186,7 @@ pub const QUEUE_SAMPLE: Duration = Duration::from_millis(50);
 impl LoadStats {
     /// The `q` quantile (0..=1) of TTFT, nearest rank.
     pub fn ttft_quantile(&self, q: f64) -> Duration {
-        if self.ttft.is_empty() {
-            return Duration::MAX;
-        }
-        let i = ((q * self.ttft.len() as f64).ceil() as usize).clamp(1, self.ttft.len()) - 1;
-        self.ttft[i]
+        llm_lc_common::percentile(&self.ttft, q).unwrap_or(Duration::MAX)
     }
 
     /// Count one request's outcome (the first few errors are kept).
