@@ -15,7 +15,8 @@ use std::time::Duration;
 use llm_lc_adapters::MemberId;
 use llm_lc_testkit::controller::Running;
 use llm_lc_testkit::haproxy::{standard_config, Haproxy};
-use llm_lc_testkit::llamacpp::{closed_loop, LlamaServer, LoadStats, Options};
+use llm_lc_testkit::llamacpp::{LlamaServer, Options};
+use llm_lc_testkit::load::{closed_loop, LoadStats};
 use llm_lc_testkit::measure::{median_by, Agreement};
 use llm_lc_testkit::prometheus::Prometheus;
 use llm_lc_testkit::wait;
@@ -390,7 +391,7 @@ async fn prefill_token_s(url: &str) -> f64 {
     for n in 0..5u64 {
         for (k, words) in [20usize, 320].into_iter().enumerate() {
             let body = serde_json::json!({
-                "prompt": llm_lc_testkit::llamacpp::prompt(7, 1000 * words as u64 + n, words),
+                "prompt": llm_lc_testkit::load::prompt(7, 1000 * words as u64 + n, words),
                 "n_predict": 1,
                 "cache_prompt": false,
             });
@@ -453,7 +454,7 @@ async fn measured_profile(url: &str, slots: u32, seed: u64) -> llm_lc_sim::Model
 
 /// (seconds generating, tokens generated) so far, summed over the slots.
 async fn generation_counters(url: &str) -> (f64, f64) {
-    use llm_lc_testkit::llamacpp::metric;
+    use llm_lc_testkit::load::metric;
     let secs = metric(url, "llamacpp:tokens_predicted_seconds_total").await.unwrap_or(0.0);
     let tokens = metric(url, "llamacpp:tokens_predicted_total").await.unwrap_or(0.0);
     (secs, tokens)
@@ -512,14 +513,14 @@ async fn the_simulator_against_a_real_llama_server() {
         let rate = load * capacity_per_s(&profile, slots);
         let n = (rate * secs).round() as u64;
         let c0 = generation_counters(&real.url()).await;
-        let a = llm_lc_testkit::llamacpp::open_loop(&real.url(), rate, n, 64, seed).await;
+        let a = llm_lc_testkit::load::open_loop(&real.url(), rate, n, 64, seed).await;
         let c1 = generation_counters(&real.url()).await;
         let sim = sim_llama_server(&profile, slots).await;
         let url = format!("http://{}", sim.addrs()[0]);
-        let s = llm_lc_testkit::llamacpp::open_loop(&url, rate, n, 64, seed).await;
+        let s = llm_lc_testkit::load::open_loop(&url, rate, n, 64, seed).await;
         let cs = generation_counters(&url).await;
         sim.shutdown().await;
-        let b = llm_lc_testkit::llamacpp::open_loop(&real.url(), rate, n, 64, seed).await;
+        let b = llm_lc_testkit::load::open_loop(&real.url(), rate, n, 64, seed).await;
         let c2 = generation_counters(&real.url()).await;
         drop(real);
         let per_token = |x: (f64, f64), y: (f64, f64)| (y.0 - x.0) / (y.1 - x.1).max(1.0) * 1e3;

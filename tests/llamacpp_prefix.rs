@@ -24,9 +24,8 @@
 use std::time::Duration;
 
 use llm_lc_testkit::haproxy::{prefix_pair, PrefixLb as Lb};
-use llm_lc_testkit::llamacpp::{
-    closed_loop_of, group_of, grouped_prompt, metric, LlamaServer, LoadStats, Options,
-};
+use llm_lc_testkit::llamacpp::{LlamaServer, Options};
+use llm_lc_testkit::load::{closed_loop_of, group_of, grouped_prompt, metric, LoadStats};
 
 /// Groups of requests sharing an opening, and the opening's length: ~800 tokens, whose prefill
 /// (~90 ms on one CPU thread) is most of an uncached request's TTFT.

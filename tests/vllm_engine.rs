@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use llm_lc_testkit::controller::Running;
 use llm_lc_testkit::haproxy::{standard_config, Haproxy};
-use llm_lc_testkit::llamacpp::{closed_loop_of, prompt, LoadStats};
+use llm_lc_testkit::load::{closed_loop_of, prompt, LoadStats};
 use llm_lc_testkit::prometheus::Prometheus;
 use llm_lc_testkit::vllm::{Options, VllmServer, MODEL};
 use llm_lc_testkit::wait;

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use llm_lc_testkit::llamacpp::{closed_loop_of, metric, open_loop_of, prompt, LoadStats};
+use llm_lc_testkit::load::{closed_loop_of, metric, open_loop_of, prompt, LoadStats};
 use llm_lc_testkit::measure::{median_by, Agreement};
 use llm_lc_testkit::vllm::{Options, VllmServer, MODEL};
 
@@ -58,7 +58,7 @@ async fn measured_profile(real: &VllmServer, seed: u64) -> llm_lc_sim::ModelProf
         let url = format!("{}/metrics", real.url());
         tokio::spawn(async move {
             let client = reqwest::Client::new();
-            let mut tick = tokio::time::interval(llm_lc_testkit::llamacpp::QUEUE_SAMPLE);
+            let mut tick = tokio::time::interval(llm_lc_testkit::load::QUEUE_SAMPLE);
             loop {
                 tick.tick().await;
                 if let Ok(r) = client.get(&url).send().await {

@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use llm_lc_testkit::haproxy::{prefix_pair, Haproxy, PrefixLb as Lb};
-use llm_lc_testkit::llamacpp::{closed_loop_of, group_of, grouped_prompt, LoadStats};
+use llm_lc_testkit::load::{closed_loop_of, group_of, grouped_prompt, LoadStats};
 use llm_lc_testkit::vllm::{Options, VllmServer, MODEL};
 
 /// Openings per row, and their length in words (~690 tokens of the tiny model's tokenizer, which

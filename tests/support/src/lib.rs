@@ -12,6 +12,7 @@ pub mod envoy;
 pub mod haproxy;
 pub mod kube;
 pub mod llamacpp;
+pub mod load;
 pub mod measure;
 pub mod metrics_target;
 pub mod ports;

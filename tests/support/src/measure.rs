@@ -1,7 +1,7 @@
 //! What the engine measurements share: medians of noisy readings, relative differences, and the
 //! simulator-against-real-engine comparison ([`Agreement`]).
 
-use crate::llamacpp::LoadStats;
+use crate::load::LoadStats;
 
 /// The middle element of `v` by `key` (the upper one of an even count). Panics on an empty `v`.
 pub fn median_by<T>(mut v: Vec<T>, key: impl Fn(&T) -> f64) -> T {

@@ -134,7 +134,7 @@ impl VllmServer {
     /// One gauge of its `/metrics` page, summed over its series (`engine`, `model_name`).
     pub async fn gauge(&self, name: &str) -> Option<f64> {
         let page = reqwest::get(format!("{}/metrics", self.url())).await.ok()?.text().await.ok()?;
-        crate::llamacpp::sum_of_series(&page, name)
+        crate::load::sum_of_series(&page, name)
     }
 
     fn signal(&self, sig: &str) {
