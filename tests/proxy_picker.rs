@@ -126,3 +126,51 @@ async fn a_member_without_gauges_is_still_served_and_a_drained_member_is_not() {
     assert_ne!(r.header("x-llmlc-member"), addrs[1].to_string(), "{}", r.text);
     proxy.shutdown().await;
 }
+
+/// A stand-in for the controller's `GET /v1/ratios`: its last cycle report for pool `llm`.
+async fn controller_report(report: Value) -> SocketAddr {
+    let app =
+        Router::new().route("/v1/ratios", axum::routing::get(move || async move { Json(report.clone()) }));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gauges_can_come_from_the_controllers_report_instead() {
+    let f = fleet(ModelProfile::tiny(), 2, &[], &[], 50.0).await;
+    let [a, b] = [f.addrs()[0], f.addrs()[1]];
+    let report = json!({"pools": [{"pool": "llm", "members": [
+        {"member": a.to_string(), "ratio": 50, "waiting": 40.0, "running": 60.0, "kv_usage": 0.5},
+        {"member": b.to_string(), "ratio": 50, "waiting": 0.0, "running": 3.0, "kv_usage": f64::NAN.to_string()}]}]});
+    let ctl = controller_report(report).await;
+    let yaml = config(&members_yaml(&[a, b]))
+        .replace("    metrics_interval: 50ms\n", "    gauges_from: controller\n")
+        + &format!("ratios:\n  poll: {{ url: 'http://{ctl}/v1/ratios', interval: 100ms }}\n");
+    let proxy = start_proxy(&yaml).await;
+    // The simulated servers have nothing waiting; the controller says 40 on the first: what the
+    // picker shows is the controller's.
+    wait::until(Duration::from_secs(10), "the controller's gauges", || async {
+        let s = state(&proxy).await;
+        (s["pools"][0]["members"][0]["picker"]["waiting"] == 40
+            && s["pools"][0]["members"][1]["picker"]["running"] == 3)
+            .then_some(())
+    })
+    .await;
+    // A hundred requests on the first against three: new prompts go to the second.
+    for n in 0..5 {
+        assert_eq!(member_of(&proxy, &ask(&document(200 + n), "q")).await, b.to_string());
+    }
+    proxy.shutdown().await;
+
+    // `controller` without a report to poll is a config error naming the field.
+    let bad: llm_lc_proxy::ProxyConfig = serde_yaml_ng::from_str(
+        &config(&members_yaml(&[a])).replace("    metrics_interval: 50ms\n", "    gauges_from: controller\n"),
+    )
+    .expect("parses");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let adm = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let e = llm_lc_proxy::start(bad, l, adm).await.err().expect("refused").to_string();
+    assert!(e.contains("pools[0].gauges_from") && e.contains("ratios.poll"), "{e}");
+}

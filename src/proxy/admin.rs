@@ -201,6 +201,28 @@ struct PolledPool {
 struct PolledMember {
     member: MemberId,
     ratio: u32,
+    /// The member's gauges as the controller last read them (`gauges_from: controller`). Read
+    /// leniently: a gauge that is not a number is no gauge, never a report refused.
+    #[serde(default)]
+    waiting: Option<serde_json::Value>,
+    #[serde(default)]
+    running: Option<serde_json::Value>,
+    #[serde(default)]
+    kv_usage: Option<serde_json::Value>,
+}
+
+impl PolledMember {
+    /// Its gauges, when the report has a queue for it.
+    fn gauges(&self) -> Option<llm_lc_balance::endpoint::Gauges> {
+        let number = |v: &Option<serde_json::Value>| {
+            v.as_ref().and_then(serde_json::Value::as_f64).filter(|v| v.is_finite() && *v >= 0.0)
+        };
+        Some(llm_lc_balance::endpoint::Gauges {
+            waiting: number(&self.waiting)?.round() as u32,
+            running: number(&self.running).map_or(0, |v| v.round() as u32),
+            kv_usage: number(&self.kv_usage).unwrap_or(0.0),
+        })
+    }
 }
 
 /// Poll once: apply every known pool's ratios and saturation. Returns how many pools were applied.
@@ -229,6 +251,14 @@ pub async fn poll_once(shared: &Shared, client: &reqwest::Client, cfg: &PollConf
         pool.set_saturation(p.saturation);
         if p.members.is_empty() {
             continue;
+        }
+        if pool.uses_endpoint_picker() && pool.gauges_from == super::config::GaugesFrom::Controller {
+            for (i, name) in pool.members.iter().enumerate() {
+                pool.set_gauges(
+                    i,
+                    p.members.iter().find(|m| &m.member == name).and_then(PolledMember::gauges),
+                );
+            }
         }
         let ratios: Ratios = p.members.into_iter().map(|m| (m.member, m.ratio)).collect();
         apply(shared, &p.pool, &ratios, WeightSource::Poll);

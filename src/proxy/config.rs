@@ -214,6 +214,21 @@ pub struct PoolConfig {
     /// read leaves the member scored from the picker's own accounting.
     #[serde(default = "defaults::metrics_interval", with = "humantime_serde")]
     pub metrics_interval: Duration,
+    /// `algorithm: picker`: where the members' gauges come from: `members` (their own `/metrics`
+    /// pages, every `metrics_interval`) or `controller` (the waiting, running and KV usage in the
+    /// controller's report, polled with the ratios: one cycle old, and no connection from the
+    /// proxy to the members' metrics ports).
+    #[serde(default)]
+    pub gauges_from: GaugesFrom,
+}
+
+/// Where `algorithm: picker` reads the members' gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GaugesFrom {
+    #[default]
+    Members,
+    Controller,
 }
 
 /// The shortest `metrics_interval`: members' pages are not read in a busy loop.
@@ -355,6 +370,12 @@ impl ProxyConfig {
             }
             if p.queue_timeout.is_zero() {
                 err(format!("{at}.queue_timeout"), "must be > 0".into());
+            }
+            if p.gauges_from == GaugesFrom::Controller && self.ratios.poll.is_none() {
+                err(
+                    format!("{at}.gauges_from"),
+                    "`controller` reads the gauges from the polled report: set ratios.poll".into(),
+                );
             }
             if p.metrics_interval < MIN_METRICS_INTERVAL {
                 err(

@@ -244,7 +244,8 @@ pub async fn start_loaded(
         shared.metrics.conn("admin"),
         stop.clone(),
     )));
-    for pool in shared.pools.iter().filter(|p| p.uses_endpoint_picker()) {
+    let reads_members = |p: &&Arc<pool::Pool>| p.gauges_from == config::GaugesFrom::Members;
+    for pool in shared.pools.iter().filter(|p| p.uses_endpoint_picker()).filter(reads_members) {
         let client = shared.upstream.client().clone();
         tasks.push(tokio::spawn(gauges::poll(pool.clone(), client, stop.clone())));
     }

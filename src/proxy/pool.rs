@@ -82,8 +82,10 @@ pub struct Pool {
     pub eject_for: Duration,
     /// Forward the prefix key as `x-llm-prefix-key` (for an LB behind this pool).
     pub set_prefix_key: bool,
-    /// `algorithm: picker`: how often members' metrics pages are read.
+    /// `algorithm: picker`: how often members' metrics pages are read, or whether the gauges come
+    /// from the controller's report instead.
     pub metrics_interval: Duration,
+    pub gauges_from: super::config::GaugesFrom,
     state: Mutex<State>,
 }
 
@@ -182,6 +184,7 @@ impl Pool {
             eject_for: cfg.eject_for,
             set_prefix_key: cfg.set_prefix_key,
             metrics_interval: cfg.metrics_interval,
+            gauges_from: cfg.gauges_from,
             state: Mutex::new(State {
                 picker: Picker::new(cfg.algorithm.unwrap_or(default_algo), n, seed),
                 endpoint: (cfg.algorithm.unwrap_or(default_algo) == Algorithm::Picker)
