@@ -36,13 +36,20 @@ struct Running {
 
 impl Running {
     fn start(api: &str, token: &str) -> Running {
+        Running::start_with(&format!(
+            "service: vllm, namespace: {NS}, port: http, api_url: '{api}', token: {{ value: {token} }}"
+        ))
+    }
+
+    /// The controller, dry run, with `members: { kubernetes: { MEMBERS } }`.
+    fn start_with(members: &str) -> Running {
         let dir = tempfile::tempdir().expect("tmp");
         let listen = ports::free_port();
         let cfg = dir.path().join("c.yaml");
         std::fs::write(
             &cfg,
             format!(
-                "interval: 200ms\nlisten: 127.0.0.1:{listen}\nleader_election: {{ enabled: false }}\nsources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members:\n      kubernetes: {{ service: vllm, namespace: {NS}, port: http, api_url: '{api}', token: {{ value: {token} }} }}\n"
+                "interval: 200ms\nlisten: 127.0.0.1:{listen}\nleader_election: {{ enabled: false }}\nsources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members:\n      kubernetes: {{ {members} }}\n"
             ),
         )
         .expect("config");
@@ -419,29 +426,6 @@ async fn churning_members_leave_no_series_behind() {
     eprintln!("churned {g} generations ({} members), at most {most} members and {most_lines} member lines on a page", g * 10);
 }
 
-/// The controller with `members: { kubernetes: { inference_pool } }`.
-fn start_for_pool(api: &str, token: &str, pool: &str) -> Running {
-    let dir = tempfile::tempdir().expect("tmp");
-    let listen = ports::free_port();
-    let cfg = dir.path().join("c.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "interval: 200ms\nlisten: 127.0.0.1:{listen}\nleader_election: {{ enabled: false }}\nsources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members:\n      kubernetes: {{ inference_pool: {pool}, namespace: {NS}, api_url: '{api}', token: {{ value: {token} }} }}\n"
-        ),
-    )
-    .expect("config");
-    let log = dir.path().join("stderr.log");
-    let child = cmd()
-        .args(["run", "--dry-run", "--config"])
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("start controller");
-    Running { child, listen, log, _dir: dir }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_follow_the_ready_pods_of_an_inference_pool() {
     let kube = FakeKube::start(&["t"]).await;
@@ -462,7 +446,10 @@ async fn members_follow_the_ready_pods_of_an_inference_pool() {
     kube.put_pod(NS, "a", &sel, "127.0.0.2", "w1", true, false);
     kube.put_pod(NS, "b", &sel, "127.0.0.3", "w2", false, false);
     kube.put_pod(NS, "c", &[("app", "vllm"), ("model", "other")], "127.0.0.4", "w3", true, false);
-    let run = start_for_pool(&kube.url(), "t", "llama");
+    let run = Running::start_with(&format!(
+        "inference_pool: llama, namespace: {NS}, api_url: '{}', token: {{ value: t }}",
+        kube.url()
+    ));
     let member = |ip: &str| format!("{ip}:{port}");
     let want = |ips: &[&str]| ips.iter().map(|ip| member(ip)).collect::<BTreeSet<_>>();
     run.wait_members(&want(&["127.0.0.2"]), "the one ready pod of the pool's selector").await;

@@ -474,14 +474,7 @@ async fn handle(
             Ok(t) => t,
             Err(m) => return reject(&mut g, StatusCode::BAD_REQUEST, "BadRequest", m, ""),
         };
-        let items: Vec<Value> = g
-            .pods
-            .iter()
-            .filter(|((n, _), _)| n == ns)
-            .map(|(_, v)| v)
-            .filter(|v| terms.iter().all(|(k, val)| v["metadata"]["labels"][k.as_str()] == val.as_str()))
-            .cloned()
-            .collect();
+        let items = selected(&g.pods, ns, &terms);
         let body = json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": g.version.to_string()}, "items": items});
         return (StatusCode::OK, [("content-type", "application/json")], body.to_string()).into_response();
     }
@@ -652,20 +645,24 @@ fn list_slices(g: &mut Inner, method: &Method, ns: &str, query: &str, token: &st
         Err(m) => return reject(g, StatusCode::BAD_REQUEST, "BadRequest", m, ""),
     };
     g.slice_lists += 1;
-    let items: Vec<Value> = g
-        .slices
-        .iter()
-        .filter(|((n, _), _)| n == ns)
-        .map(|(_, v)| v)
-        .filter(|v| terms.iter().all(|(k, val)| v["metadata"]["labels"][k.as_str()] == val.as_str()))
-        .cloned()
-        .collect();
+    let items = selected(&g.slices, ns, &terms);
     let body = json!({
         "kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
         "metadata": {"resourceVersion": g.version.to_string()},
         "items": items,
     });
     (StatusCode::OK, [("content-type", "application/json")], body.to_string()).into_response()
+}
+
+/// The objects of namespace `ns` whose labels match every term.
+fn selected(objects: &BTreeMap<(String, String), Value>, ns: &str, terms: &[(String, String)]) -> Vec<Value> {
+    objects
+        .iter()
+        .filter(|((n, _), _)| n == ns)
+        .map(|(_, v)| v)
+        .filter(|v| terms.iter().all(|(k, val)| v["metadata"]["labels"][k.as_str()] == val.as_str()))
+        .cloned()
+        .collect()
 }
 
 /// The `key=value` terms of a query's `labelSelector` (other selector syntax is refused, as a typo
