@@ -203,28 +203,42 @@ fn config_errors_name_file_line_and_field_and_the_plan_shows_the_service() {
     assert_eq!(k["port"].as_str(), Some("http"), "{plan}");
 }
 
-/// The shipped RBAC lets the controller's service account list EndpointSlices in the namespace the
-/// example config reads its Service from, and nothing more.
-#[test]
-fn the_rbac_manifest_grants_what_the_example_config_needs() {
-    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+/// An example config's Kubernetes members, and the Role and RoleBinding of an RBAC manifest (paths
+/// from the repository's root).
+fn example_and_rbac(
+    config: &str,
+    rbac: &str,
+) -> (
+    llm_load_controller::source::kubernetes::KubernetesMembers,
+    k8s_openapi::api::rbac::v1::Role,
+    k8s_openapi::api::rbac::v1::RoleBinding,
+) {
     use serde::Deserialize;
-
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cfg_path = root.join("config/openshift-kubernetes-members.yaml");
+    let cfg_path = root.join(config);
     let text = std::fs::read_to_string(&cfg_path).expect("example config");
     let cfg: llm_load_controller::config::Config =
         llm_load_controller::config::deserialize_yaml(&cfg_path, &text).expect("example parses");
     let k = cfg.pools[0].members.kubernetes.clone().expect("kubernetes members");
-    let ns = k.namespace.expect("the example names its namespace");
-
-    let rbac =
-        std::fs::read_to_string(root.join("deploy/openshift/kubernetes-members/rbac.yaml")).expect("rbac");
+    let rbac = std::fs::read_to_string(root.join(rbac)).expect("rbac");
     let docs: Vec<serde_yaml_ng::Value> = serde_yaml_ng::Deserializer::from_str(&rbac)
         .map(|d| serde_yaml_ng::Value::deserialize(d).expect("YAML"))
         .collect();
-    let role: Role = serde_yaml_ng::from_value(docs[0].clone()).expect("Role");
-    let rb: RoleBinding = serde_yaml_ng::from_value(docs[1].clone()).expect("RoleBinding");
+    let role = serde_yaml_ng::from_value(docs[0].clone()).expect("Role");
+    let rb = serde_yaml_ng::from_value(docs[1].clone()).expect("RoleBinding");
+    (k, role, rb)
+}
+
+/// The shipped RBAC lets the controller's service account list EndpointSlices in the namespace the
+/// example config reads its Service from, and nothing more.
+#[test]
+fn the_rbac_manifest_grants_what_the_example_config_needs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (k, role, rb) = example_and_rbac(
+        "config/openshift-kubernetes-members.yaml",
+        "deploy/openshift/kubernetes-members/rbac.yaml",
+    );
+    let ns = k.namespace.expect("the example names its namespace");
     assert_eq!(role.metadata.namespace.as_deref(), Some(ns.as_str()));
     assert_eq!(rb.metadata.namespace.as_deref(), Some(ns.as_str()));
     let rules = role.rules.expect("rules");
@@ -460,7 +474,8 @@ async fn members_follow_the_ready_pods_of_an_inference_pool() {
     run.wait_members(&want(&["127.0.0.2", "127.0.0.3", "127.0.0.4"]), "three ready pods").await;
     kube.put_pod(NS, "a", &sel, "127.0.0.2", "w1", true, true);
     run.wait_members(&want(&["127.0.0.3", "127.0.0.4"]), "the terminating pod left").await;
-    // The pool is deleted: discovery fails, the last members are kept, and the log says why once.
+    // The pool's selector is emptied (it would select every pod): discovery fails, the last
+    // members are kept, and the log says why.
     kube.put_inference_pool(NS, "llama", &[], &[port]);
     wait::until(Duration::from_secs(20), "the empty selector reported", || async {
         run.log().contains("matchLabels is empty").then_some(())
@@ -472,24 +487,12 @@ async fn members_follow_the_ready_pods_of_an_inference_pool() {
 
 #[test]
 fn the_inference_pool_rbac_grants_what_its_example_config_needs_and_no_writes() {
-    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-    use serde::Deserialize;
-
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cfg_path = root.join("config/openshift-inference-pool-members.yaml");
-    let text = std::fs::read_to_string(&cfg_path).expect("example config");
-    let cfg: llm_load_controller::config::Config =
-        llm_load_controller::config::deserialize_yaml(&cfg_path, &text).expect("example parses");
-    let k = cfg.pools[0].members.kubernetes.clone().expect("kubernetes members");
+    let (k, role, rb) = example_and_rbac(
+        "config/openshift-inference-pool-members.yaml",
+        "deploy/openshift/inference-pool-members/rbac.yaml",
+    );
     assert!(k.inference_pool.is_some() && k.service.is_none());
     let ns = k.namespace.expect("the example names its namespace");
-    let rbac = std::fs::read_to_string(root.join("deploy/openshift/inference-pool-members/rbac.yaml"))
-        .expect("rbac");
-    let docs: Vec<serde_yaml_ng::Value> = serde_yaml_ng::Deserializer::from_str(&rbac)
-        .map(|d| serde_yaml_ng::Value::deserialize(d).expect("YAML"))
-        .collect();
-    let role: Role = serde_yaml_ng::from_value(docs[0].clone()).expect("Role");
-    let rb: RoleBinding = serde_yaml_ng::from_value(docs[1].clone()).expect("RoleBinding");
     assert_eq!(role.metadata.namespace.as_deref(), Some(ns.as_str()));
     assert_eq!(rb.metadata.namespace.as_deref(), Some(ns.as_str()));
     let rules = role.rules.expect("rules");
