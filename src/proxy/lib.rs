@@ -324,7 +324,18 @@ pub fn describe(l: &Loaded) -> String {
     let mut s = String::new();
     for p in &l.config.pools {
         let algo = p.algorithm.unwrap_or(l.config.algorithm);
-        s.push_str(&format!("pool {}: {} members, {:?}\n", p.name, p.members.len(), algo));
+        s.push_str(&format!("pool {}: {} members, {:?}", p.name, p.members.len(), algo));
+        // The picker reads gauges from somewhere: say where, so `check` shows what it will reach.
+        if algo == llm_lc_balance::Algorithm::Picker {
+            match p.gauges_from {
+                config::GaugesFrom::Members => s.push_str(&format!(
+                    ", gauges from each member's /metrics every {} ms",
+                    p.metrics_interval.as_millis()
+                )),
+                config::GaugesFrom::Controller => s.push_str(", gauges from the controller's polled report"),
+            }
+        }
+        s.push('\n');
     }
     for (i, st) in l.table.steps.iter().enumerate() {
         let start = if i == l.table.start { " (start)" } else { "" };
@@ -373,6 +384,19 @@ pub fn explain(l: &Loaded, body: &std::path::Path, headers: &[String]) -> anyhow
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn check_says_where_the_picker_reads_its_gauges() {
+        let yaml = "algorithm: picker\npools:\n  - name: a\n    members: ['127.0.0.1:1']\n  - name: b\n    members: ['127.0.0.1:2']\n    algorithm: weighted-round-robin\nroutes:\n  steps:\n    - id: s\n      field: model\n      op: exists\n      match: { pool: a }\n      miss: { pool: b }\n";
+        let cfg: super::ProxyConfig = serde_yaml_ng::from_str(yaml).expect("parses");
+        let loaded = cfg.compile().expect("valid");
+        let text = super::describe(&loaded);
+        assert!(
+            text.contains("pool a: 1 members, Picker, gauges from each member's /metrics every 100 ms"),
+            "{text}"
+        );
+        assert!(text.contains("pool b: 1 members, WeightedRoundRobin\n"), "{text}");
+    }
+
     use super::*;
     use clap::Parser;
 
