@@ -174,3 +174,32 @@ async fn gauges_can_come_from_the_controllers_report_instead() {
     let e = llm_lc_proxy::start(bad, l, adm).await.err().expect("refused").to_string();
     assert!(e.contains("pools[0].gauges_from") && e.contains("ratios.poll"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_header_with_odd_bytes_names_the_home_and_is_never_logged() {
+    let f = fleet(ModelProfile::tiny(), 3, &[], &[], 50.0).await;
+    let proxy = start_proxy(&config(&members_yaml(&f.addrs()))).await;
+    let odd = reqwest::header::HeaderValue::from_bytes(b"sess\xff\xfe-ion\x80\t!").expect("header bytes");
+    let c = client();
+    let send = |body: Value| {
+        let req = c
+            .post(format!("http://{}/v1/chat/completions", proxy.addr()))
+            .header("x-llm-prefix-key", odd.clone())
+            .json(&body);
+        async move {
+            let r = req.send().await.expect("sent");
+            assert_eq!(r.status(), 200);
+            r.headers().get("x-llmlc-member").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
+        }
+    };
+    // The same key with different bodies: one home.
+    let home = send(ask(&document(900), "first")).await;
+    for n in 0..6 {
+        assert_eq!(send(ask(&document(901 + n), "other")).await, home, "the key wins over the body");
+    }
+    // Nothing of the key's bytes in the proxy's metrics or state.
+    let s = state(&proxy).await.to_string();
+    let m = proxy.metrics_text();
+    assert!(!s.contains("sess") && !m.contains("sess"), "the raw key is never echoed");
+    proxy.shutdown().await;
+}

@@ -32,6 +32,8 @@
 //! are missing, stale, NaN or negative are ignored: the member is scored from the picker's own
 //! accounting, so a fleet whose metrics all went stale is still served.
 
+use std::collections::HashMap;
+
 use llm_lc_common::splitmix64;
 
 use super::{Accounting, Gauges, PrefixIndex};
@@ -156,9 +158,12 @@ struct Member {
     /// Capacity share, as pushed by the controller (0: drained).
     weight: f64,
     gauges: Option<Gauges>,
-    /// Requests and uncached tokens this picker sent since the gauges were read: what the
-    /// engine's numbers do not show yet.
+    /// Requests and uncached tokens this picker sent since the gauges were read, still open (and
+    /// tokens still before their first token): what the engine's numbers do not show yet.
     sent_since_gauges: (u32, u64),
+    /// Which reading of the gauges this is: a request counts in `sent_since_gauges` only while
+    /// it is the reading it was sent after.
+    reading: u64,
     index: PrefixIndex,
 }
 
@@ -187,6 +192,9 @@ pub struct RequestPicker {
     mean_uncached: f64,
     /// Picks without a home still need one that moves: a counter through splitmix64.
     unkeyed: u64,
+    /// Open requests sent since their member's last reading: id -> (member, reading, uncached
+    /// tokens still counted).
+    since_reading: HashMap<u64, (usize, u64, u64)>,
     scored: Vec<Scored>,
 }
 
@@ -202,6 +210,7 @@ impl RequestPicker {
             weight: 1.0,
             gauges: None,
             sent_since_gauges: (0, 0),
+            reading: 0,
             index: PrefixIndex::with_capacity(cache_blocks),
         };
         RequestPicker {
@@ -210,6 +219,7 @@ impl RequestPicker {
             accounting: Accounting::new(members),
             mean_uncached: 0.0,
             unkeyed: 0,
+            since_reading: HashMap::new(),
             scored: Vec::with_capacity(members),
         }
     }
@@ -245,6 +255,7 @@ impl RequestPicker {
     pub fn set_gauges(&mut self, i: usize, gauges: Option<Gauges>) {
         if let Some(m) = self.members.get_mut(i) {
             m.sent_since_gauges = (0, 0);
+            m.reading += 1;
             m.gauges = gauges.map(|g| Gauges {
                 kv_usage: if g.kv_usage.is_finite() && g.kv_usage >= 0.0 { g.kv_usage.min(1.0) } else { 0.0 },
                 ..g
@@ -370,6 +381,7 @@ impl RequestPicker {
         if let Some(m) = self.members.get_mut(choice.member) {
             m.sent_since_gauges.0 = m.sent_since_gauges.0.saturating_add(1);
             m.sent_since_gauges.1 = m.sent_since_gauges.1.saturating_add(choice.uncached);
+            self.since_reading.insert(id, (choice.member, m.reading, choice.uncached));
             self.accounting.dispatched(id, choice.member, choice.uncached);
             self.mean_uncached += MEAN_ALPHA * (choice.uncached as f64 - self.mean_uncached);
         }
@@ -378,11 +390,24 @@ impl RequestPicker {
     /// Request `id`'s first token arrived: its prefill no longer loads its member.
     pub fn first_token(&mut self, id: u64) {
         self.accounting.first_token(id);
+        if let Some((member, reading, tokens)) = self.since_reading.get_mut(&id) {
+            if let Some(m) = self.members.get_mut(*member).filter(|m| m.reading == *reading) {
+                m.sent_since_gauges.1 = m.sent_since_gauges.1.saturating_sub(*tokens);
+            }
+            *tokens = 0;
+        }
     }
 
-    /// Request `id` ended, however it ended.
+    /// Request `id` ended, however it ended: a request sent since its member's last reading and
+    /// already over is not load the next reading will show.
     pub fn finished(&mut self, id: u64) {
         self.accounting.finished(id);
+        if let Some((member, reading, tokens)) = self.since_reading.remove(&id) {
+            if let Some(m) = self.members.get_mut(member).filter(|m| m.reading == reading) {
+                m.sent_since_gauges.0 = m.sent_since_gauges.0.saturating_sub(1);
+                m.sent_since_gauges.1 = m.sent_since_gauges.1.saturating_sub(tokens);
+            }
+        }
     }
 
     /// Requests this picker has in flight on member `i`.
@@ -509,6 +534,34 @@ mod tests {
         for body in [[10u64, 11, 12], [20, 21, 22], [30, 31, 32]] {
             assert_eq!(p.pick(keyed(&body), |_| true).map(|c| c.member), Some(first.member));
         }
+    }
+
+    #[test]
+    fn requests_that_ended_between_two_readings_are_no_load() {
+        let mut p = picker(3);
+        for i in 0..3 {
+            p.set_gauges(i, Some(Gauges { waiting: 0, running: 0, kv_usage: 0.0 }));
+        }
+        let keyed = |blocks: &'static [u64]| Request { blocks, tokens: 345, block_tokens: 16, key: Some(77) };
+        let first = p.pick(keyed(&[1, 2, 3]), |_| true).expect("a member");
+        p.dispatched(0, first, keyed(&[1, 2, 3]));
+        p.first_token(0);
+        p.finished(0);
+        // Twenty quick requests with the key and no new reading: each has ended before the next,
+        // so the member is never saturated by them and the key keeps them home.
+        for id in 1..21 {
+            let c = p.pick(keyed(&[9, 8, 7]), |_| true).expect("a member");
+            assert_eq!(c.member, first.member, "request {id}");
+            p.dispatched(id, c, keyed(&[9, 8, 7]));
+            p.first_token(id);
+            p.finished(id);
+        }
+        // Still open, they count until the next reading.
+        for id in 100..130 {
+            let c = Choice { member: first.member, matched: 0, uncached: 10 };
+            p.dispatched(id, c, keyed(&[]));
+        }
+        assert_ne!(p.pick(keyed(&[9, 8, 7]), |_| true).map(|c| c.member), Some(first.member));
     }
 
     #[test]
