@@ -16,11 +16,14 @@
 //! A pick, in three steps:
 //! 1. **Backlog** of member `i`, in prefill tokens per unit of capacity: the larger of its own
 //!    uncached tokens in flight and the engine's waiting requests at the mean uncached size
-//!    dispatched, plus `request_tokens` per request running there (decode shares the engine's
-//!    steps with prefill), over the member's capacity share. A request's **cost** there is the
-//!    backlog with its own uncached part added, and a KV-pressure term `k / (1 - k)`.
+//!    dispatched; its **load**, in requests per unit of capacity: the larger of its own requests
+//!    in flight and the engine's running and waiting ones. To the engine's numbers is added what
+//!    this picker sent since they were read and is still open. A request's **cost** there is
+//!    `request_tokens` per unit of load (decode shares the engine's steps with prefill), the
+//!    backlog, its own uncached part over the capacity share, and KV pressure `k / (1 - k)`.
 //! 2. **Sticky**: members whose index holds at least `affinity` of the prompt are warm; the
-//!    cheapest warm member wins while its backlog is under `saturation_tokens`.
+//!    cheapest warm member wins unless it is saturated: backlog over `saturation_tokens`, or load
+//!    over `(1 + overload)` times the mean plus one.
 //! 3. **Home**: otherwise the members within `home_slack_tokens` of the cheapest are the choice,
 //!    and among them the prompt's home wins: the highest capacity-weighted rendezvous hash of the
 //!    prompt's first block (or of the key header, which wins when sent). Every replica of the
