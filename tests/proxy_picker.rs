@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::routing::post;
 use axum::{Json, Router};
 use llm_lc_adapters::{MemberId, Ratios};
 use llm_lc_proxy::ProxyHandle;
@@ -81,25 +80,11 @@ async fn a_prompt_stays_with_its_member_and_other_prompts_spread() {
     proxy.shutdown().await;
 }
 
-/// A member that answers chat completions but has no metrics page.
-async fn without_metrics() -> SocketAddr {
-    let app = Router::new().route(
-        "/v1/chat/completions",
-        post(|Json(_): Json<Value>| async {
-            Json(json!({"id": "x", "object": "chat.completion", "model": "sim-tiny",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}))
-        }),
-    );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(l, app).await });
-    addr
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_without_gauges_is_still_served_and_a_drained_member_is_not() {
     let f = fleet(ModelProfile::tiny(), 2, &[], &[], 50.0).await;
-    let blind = without_metrics().await;
+    // It answers chat completions and has no metrics page.
+    let blind = hold_backend().await;
     let addrs = [f.addrs()[0], f.addrs()[1], blind];
     let proxy = start_proxy(&config(&members_yaml(&addrs))).await;
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
@@ -201,5 +186,44 @@ async fn a_key_header_with_odd_bytes_names_the_home_and_is_never_logged() {
     let s = state(&proxy).await.to_string();
     let m = proxy.metrics_text();
     assert!(!s.contains("sess") && !m.contains("sess"), "the raw key is never echoed");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_mid_request_leaves_nothing_in_the_pickers_accounting() {
+    let members = [hold_backend().await, hold_backend().await];
+    let proxy = start_proxy(&config(&members_yaml(&members))).await;
+    // Requests the members hold (their prompts say "hold"), streamed or not, then the clients go.
+    let tasks: Vec<_> = (0..6)
+        .map(|n| {
+            let addr = proxy.addr();
+            tokio::spawn(async move {
+                let mut body = ask(&document(300 + n), "hold");
+                body["stream"] = json!(n % 2 == 0);
+                let _ = client().post(format!("http://{addr}/v1/chat/completions")).json(&body).send().await;
+            })
+        })
+        .collect();
+    let open = |s: &Value| -> (u64, u64) {
+        let members = s["pools"][0]["members"].as_array().cloned().unwrap_or_default();
+        members.iter().fold((0, 0), |(r, t), m| {
+            (
+                r + m["picker"]["requests"].as_u64().unwrap_or(0),
+                t + m["picker"]["uncached_tokens"].as_u64().unwrap_or(0),
+            )
+        })
+    };
+    wait::until(Duration::from_secs(10), "six requests open in the picker", || async {
+        let (r, t) = open(&state(&proxy).await);
+        (r == 6 && t > 0).then_some(())
+    })
+    .await;
+    for t in &tasks {
+        t.abort();
+    }
+    wait::until(Duration::from_secs(10), "the picker's accounting back to nothing", || async {
+        (open(&state(&proxy).await) == (0, 0)).then_some(())
+    })
+    .await;
     proxy.shutdown().await;
 }

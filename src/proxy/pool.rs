@@ -86,6 +86,8 @@ pub struct Pool {
     /// from the controller's report instead.
     pub metrics_interval: Duration,
     pub gauges_from: super::config::GaugesFrom,
+    /// `algorithm: picker`: fixed at construction, so the request path asks without the lock.
+    endpoint_picker: bool,
     state: Mutex<State>,
 }
 
@@ -156,6 +158,7 @@ pub struct PoolView {
 impl Pool {
     pub fn new(cfg: &PoolConfig, default_algo: Algorithm, seed: u64) -> Result<Pool, String> {
         let n = cfg.members.len();
+        let algorithm = cfg.algorithm.unwrap_or(default_algo);
         let uris =
             |path: &str| cfg.members.iter().map(|m| member_uri(m, path)).collect::<Result<Vec<_>, _>>();
         let chat_uris = uris("/v1/chat/completions")?;
@@ -185,9 +188,10 @@ impl Pool {
             set_prefix_key: cfg.set_prefix_key,
             metrics_interval: cfg.metrics_interval,
             gauges_from: cfg.gauges_from,
+            endpoint_picker: algorithm == Algorithm::Picker,
             state: Mutex::new(State {
-                picker: Picker::new(cfg.algorithm.unwrap_or(default_algo), n, seed),
-                endpoint: (cfg.algorithm.unwrap_or(default_algo) == Algorithm::Picker)
+                picker: Picker::new(algorithm, n, seed),
+                endpoint: (algorithm == Algorithm::Picker)
                     .then(|| RequestPicker::new(n, INDEX_BLOCKS, Settings::default())),
                 gauges: vec![None; n],
                 next_id: 0,
@@ -220,7 +224,7 @@ impl Pool {
 
     /// Whether this pool places requests with the endpoint picker (it wants their prompts).
     pub fn uses_endpoint_picker(&self) -> bool {
-        self.lock().endpoint.is_some()
+        self.endpoint_picker
     }
 
     /// Choose a member for a request, and count it there. With `algorithm: picker` and a prompt,
