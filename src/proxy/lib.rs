@@ -34,7 +34,6 @@ pub mod metrics;
 pub mod parse_errors;
 pub mod pool;
 pub mod prefix_key;
-pub mod prompt;
 pub mod route;
 pub mod server;
 pub mod split;

@@ -24,8 +24,8 @@ use llm_lc_balance::{Algorithm, Picker};
 
 use super::config::PoolConfig;
 use super::criticality::Admission;
-use super::prompt::{PromptBlocks, BLOCK_TOKENS};
 use super::upstream::member_uri;
+use llm_lc_balance::endpoint::prompt::{PromptBlocks, BLOCK_TOKENS};
 
 /// Where a pool's current weights came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -414,7 +414,10 @@ async fn handle(s: Arc<Shared>, ep: Endpoint, headers: HeaderMap, body: Body) ->
     let key = crate::prefix_key::prefix_key(&headers, &json, s.prefix_key_from_body);
     // Only the endpoint picker reads the prompt: the other algorithms never pay for hashing it.
     let prompt = if pool.uses_endpoint_picker() {
-        crate::prompt::prompt_blocks(&json, llm_lc_balance::endpoint::picker::Settings::default().max_blocks)
+        llm_lc_balance::endpoint::prompt::prompt_blocks(
+            &json,
+            llm_lc_balance::endpoint::picker::Settings::default().max_blocks,
+        )
     } else {
         None
     };

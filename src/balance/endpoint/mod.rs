@@ -9,8 +9,10 @@
 //! the crate: members are indexes, ties are broken by the caller's seeded generator.
 
 pub mod accounting;
+pub mod page;
 pub mod picker;
 pub mod prefix;
+pub mod prompt;
 pub mod sticky;
 
 pub use accounting::Accounting;

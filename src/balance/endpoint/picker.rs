@@ -413,6 +413,41 @@ impl RequestPicker {
         }
     }
 
+    /// `choice` went out through a door that never hears how the request ends (a BIG-IP
+    /// sideband call): it loads its member in the picker's eyes until the member's next reading,
+    /// which shows it, and is never in the picker's own accounting.
+    pub fn sent_unsettled(&mut self, choice: Choice) {
+        if let Some(m) = self.members.get_mut(choice.member) {
+            m.sent_since_gauges.0 = m.sent_since_gauges.0.saturating_add(1);
+            m.sent_since_gauges.1 = m.sent_since_gauges.1.saturating_add(choice.uncached);
+            self.mean_uncached += MEAN_ALPHA * (choice.uncached as f64 - self.mean_uncached);
+        }
+    }
+
+    /// The member set changed: new member `j` is old member `old_of[j]` (its capacity, gauges and
+    /// prefix index kept) or a newcomer (`None`: equal capacity, empty index of `cache_blocks`).
+    /// Requests in flight are forgotten (their later release is a no-op): a membership change is
+    /// rare, and a leak across it would be worse than a moment's undercount.
+    pub fn remap(&mut self, old_of: &[Option<usize>], cache_blocks: usize) {
+        let fresh = Member {
+            weight: 1.0,
+            gauges: None,
+            sent_since_gauges: (0, 0),
+            reading: 0,
+            index: PrefixIndex::with_capacity(cache_blocks),
+        };
+        let mut old: Vec<Option<Member>> = std::mem::take(&mut self.members).into_iter().map(Some).collect();
+        self.members = old_of
+            .iter()
+            .map(|o| {
+                let kept = o.and_then(|i| old.get_mut(i)).and_then(Option::take);
+                kept.map(|m| Member { sent_since_gauges: (0, 0), ..m }).unwrap_or_else(|| fresh.clone())
+            })
+            .collect();
+        self.accounting = Accounting::new(self.members.len());
+        self.since_reading.clear();
+    }
+
     /// Requests this picker has in flight on member `i`.
     pub fn requests(&self, i: usize) -> u32 {
         self.accounting.requests(i)
@@ -565,6 +600,41 @@ mod tests {
             p.dispatched(id, c, keyed(&[]));
         }
         assert_ne!(p.pick(keyed(&[9, 8, 7]), |_| true).map(|c| c.member), Some(first.member));
+    }
+
+    #[test]
+    fn unsettled_sends_load_their_member_until_its_next_reading() {
+        let mut p = picker(2);
+        for i in 0..2 {
+            p.set_gauges(i, Some(Gauges::default()));
+        }
+        let c = Choice { member: 0, matched: 0, uncached: 30_000 };
+        p.sent_unsettled(c);
+        assert_eq!(p.requests(0), 0, "never in the own accounting, so nothing to leak");
+        assert_eq!(p.pick(request(&[], 100), |_| true).map(|c| c.member), Some(1));
+        p.set_gauges(0, Some(Gauges::default()));
+        p.set_gauges(1, Some(Gauges { waiting: 0, running: 3, kv_usage: 0.0 }));
+        assert_eq!(p.pick(request(&[], 100), |_| true).map(|c| c.member), Some(0));
+    }
+
+    #[test]
+    fn a_membership_change_keeps_the_index_and_capacity_of_who_stays() {
+        let mut p = picker(3);
+        p.set_capacity(&[1.0, 2.0, 1.0]);
+        let blocks: Vec<u64> = (0..50).collect();
+        let first = p.pick(request(&blocks, 800), |_| true).expect("a member");
+        p.dispatched(1, first, request(&blocks, 800));
+        // The chosen member moves to the last slot; a newcomer takes its place.
+        let mut old_of = vec![Some(0), Some(1), Some(2)];
+        old_of[first.member] = None;
+        old_of.push(Some(first.member));
+        p.remap(&old_of, 10_000);
+        assert_eq!(p.len(), 4);
+        assert_eq!(p.indexed_blocks(3), 50);
+        assert_eq!(p.indexed_blocks(first.member), 0);
+        assert_eq!((0..4).map(|i| p.requests(i)).sum::<u32>(), 0);
+        p.finished(1);
+        assert_eq!(p.pick(request(&blocks, 800), |_| true).map(|c| c.member), Some(3));
     }
 
     #[test]

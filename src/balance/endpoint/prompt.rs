@@ -1,5 +1,6 @@
-//! What `algorithm: picker` reads of a request's body: its prompt as a chain of block hashes, the
-//! way an engine's prefix cache sees it, without a tokenizer.
+//! What the endpoint picker reads of a request's body (in the proxy and behind every load
+//! balancer's door): its prompt as a chain of block hashes, the way an engine's prefix cache sees
+//! it, without a tokenizer.
 //!
 //! The prompt is the model name, then every message's role and text in order (or the completion
 //! prompt), as bytes, cut into blocks of [`BLOCK_BYTES`] (about an engine's 16-token block at four
@@ -65,6 +66,26 @@ pub fn prompt_blocks(body: &Value, max_blocks: usize) -> Option<PromptBlocks> {
         .then(|| PromptBlocks { tokens: chain.total.div_ceil(BYTES_PER_TOKEN), blocks: chain.blocks })
 }
 
+/// The prompt of a request body as a door receives it: a whole JSON body is read as
+/// [`prompt_blocks`] reads it; anything else (the first bytes a load balancer buffered, cut
+/// mid-JSON, or a body that is not JSON) is hashed as raw bytes. A client serialises its requests
+/// alike, so the raw bytes of two requests share a leading run exactly where their prompts do,
+/// and the chain still finds the prefix; it is only not the chain a whole body gives.
+/// `None` for an empty body or a JSON body without a prompt.
+pub fn body_blocks(body: &[u8], max_blocks: usize) -> Option<PromptBlocks> {
+    if body.is_empty() {
+        return None;
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(v) => prompt_blocks(&v, max_blocks),
+        Err(_) => {
+            let mut chain = Chain { max_blocks, ..Chain::default() };
+            chain.feed(body);
+            Some(PromptBlocks { tokens: chain.total.div_ceil(BYTES_PER_TOKEN), blocks: chain.blocks })
+        }
+    }
+}
+
 /// The running hash chain.
 #[derive(Default)]
 struct Chain {
@@ -121,6 +142,23 @@ mod tests {
             {"role": "user", "content": "first question"}]});
         assert_eq!(prompt_blocks(&parts, 4096), Some(a));
         assert!(prompt_blocks(&json!({"model": "m", "prompt": doc}), 4096).is_some());
+    }
+
+    #[test]
+    fn a_cut_body_hashes_its_bytes_and_two_cuts_share_their_common_run() {
+        let doc = "a long shared system prompt. ".repeat(40);
+        let whole = serde_json::to_vec(&chat(&doc, "first question")).expect("json");
+        // A whole body reads as its prompt.
+        assert_eq!(body_blocks(&whole, 4096), prompt_blocks(&chat(&doc, "first question"), 4096));
+        // Two bodies cut at different points, as a load balancer's buffer cuts them.
+        let other = serde_json::to_vec(&chat(&doc, "another question")).expect("json");
+        let a = body_blocks(&whole[..900], 4096).expect("bytes");
+        let b = body_blocks(&other[..1000], 4096).expect("bytes");
+        assert_eq!(a.blocks.len(), 900 / BLOCK_BYTES);
+        assert_eq!(a.tokens, 900u64.div_ceil(BYTES_PER_TOKEN));
+        assert_eq!(a.blocks[..], b.blocks[..a.blocks.len()], "the shared opening gives the same blocks");
+        assert_eq!(body_blocks(b"", 4096), None);
+        assert_eq!(body_blocks(br#"{"model":"m"}"#, 4096), None);
     }
 
     #[test]
