@@ -105,6 +105,10 @@ pub struct PoolConfig {
     /// management plane finishes its push while later cycles report `in_progress`.
     #[serde(default, with = "humantime_serde")]
     pub push_timeout: Option<Duration>,
+    /// The endpoint picker served for this pool behind the load balancers' per-request hooks
+    /// (see `crate::picker`).
+    #[serde(default)]
+    pub picker: Option<crate::picker::PickerConfig>,
 }
 
 impl PoolConfig {
@@ -289,6 +293,9 @@ impl Config {
             for (field, msg) in src.validate(check_files) {
                 err(format!("sources.{name}.{field}"), &msg);
             }
+        }
+        for (field, msg) in crate::picker::validate(self) {
+            err(field, &msg);
         }
         let mut seen = std::collections::BTreeSet::new();
         for (i, p) in self.pools.iter().enumerate() {

@@ -36,6 +36,7 @@ pub mod kube;
 pub mod leader;
 pub mod offline;
 pub mod overrides;
+pub mod picker;
 pub mod plan;
 pub mod policy;
 pub mod priority;

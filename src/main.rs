@@ -337,6 +337,27 @@ async fn run(args: RunArgs) -> ExitCode {
         })
     });
 
+    // The endpoint pickers' doors: on every replica, leader or not. A dry run serves them too
+    // (they push nothing; a load balancer asks them).
+    let pickers = if args.once {
+        None
+    } else {
+        match llm_load_controller::picker::serve(&cfg, telemetry.clone(), stop_serving.clone()).await {
+            Ok(s) => {
+                for ((pool, door), at) in &s.bound {
+                    tracing::info!(pool = %pool, door = %door, listen = %at, "endpoint picker serving");
+                }
+                Some(s)
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                stop_serving.cancel();
+                leadership.stop().await;
+                return ExitCode::from(2);
+            }
+        }
+    };
+
     let reloader = match (&args.config, file_text) {
         (Some(path), Some(text)) if !args.once => {
             let configs = reload::watch_file(path, text, cfg.interval, overrides, telemetry.clone());
@@ -355,6 +376,9 @@ async fn run(args: RunArgs) -> ExitCode {
     stop_serving.cancel();
     if let Some(server) = server {
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    }
+    if let Some(p) = pickers {
+        let _ = tokio::time::timeout(Duration::from_secs(5), p.join()).await;
     }
     leadership.stop().await;
     tracing::info!("controller stopped");

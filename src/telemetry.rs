@@ -78,6 +78,8 @@ pub struct Metrics {
     pub last_good_cycle: Gauge<f64, AtomicU64>,
     /// 1 while this replica holds the leader lease (or runs without election), else 0.
     pub leader: Gauge,
+    /// `llmlc_picker_picks` (pool, door, outcome): every answer of a served endpoint picker.
+    pub picker_picks: FCounter,
     /// Config file reloads by result (`applied`, `rejected`).
     pub config_reloads: FCounter,
     /// 1 when the last config file change was applied (or none happened), 0 when it was rejected.
@@ -193,6 +195,11 @@ impl Metrics {
             "llmlc_sink_writes",
             "Member ratios written on the load balancer by pool and sink (a configuration change on BIG-IP)",
         );
+        let picker_picks = c(
+            &mut r,
+            "llmlc_picker_picks",
+            "Answers of the served endpoint picker by pool, door (ext_proc, http) and outcome (picked, no_members, outside_subset)",
+        );
         let sink_instance_ok = g(
             &mut r,
             "llmlc_sink_instance_ok",
@@ -255,6 +262,7 @@ impl Metrics {
             member_errors,
             last_good_cycle,
             leader,
+            picker_picks,
             config_reloads,
             config_last_reload_successful,
             noted: Mutex::default(),
@@ -372,6 +380,8 @@ impl Metrics {
 pub struct Telemetry {
     pub metrics: Metrics,
     state: Mutex<Status>,
+    /// Each cycle's report, for whoever follows them (the served endpoint pickers).
+    reports: tokio::sync::watch::Sender<Option<Arc<CycleReport>>>,
 }
 
 struct Status {
@@ -389,6 +399,7 @@ impl Telemetry {
     pub fn new(interval: Duration, unready_after_cycles: u32) -> Arc<Telemetry> {
         Arc::new(Telemetry {
             metrics: Metrics::new(),
+            reports: tokio::sync::watch::Sender::new(None),
             state: Mutex::new(Status {
                 last: None,
                 history: Default::default(),
@@ -434,7 +445,13 @@ impl Telemetry {
             self.metrics.last_good_cycle.set(now);
         }
         st.history.push(&report);
+        self.reports.send_replace(Some(Arc::new(report.clone())));
         st.last = Some(report);
+    }
+
+    /// The cycles' reports as they come (the last one at once, if any).
+    pub fn reports(&self) -> tokio::sync::watch::Receiver<Option<Arc<CycleReport>>> {
+        self.reports.subscribe()
     }
 
     /// Ready, with a one-line reason either way, followed by the notes (`; ` separated).

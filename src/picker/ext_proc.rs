@@ -1,0 +1,396 @@
+//! The Envoy door: Envoy's external processing gRPC API spoken as the Gateway API Inference
+//! Extension's endpoint-picker protocol (v1.0.0), so the picker is a drop-in endpoint picker (EPP)
+//! for every gateway of that extension, and for plain Envoy.
+//!
+//! One gRPC stream per HTTP request. With the protocol's processing mode (headers SEND, bodies
+//! `FULL_DUPLEX_STREAMED`, trailers SEND):
+//! - the answer to the request headers is held until the body has ended (at once when the headers
+//!   end the request), then sent with `clear_route_cache`, the header
+//!   `x-gateway-destination-endpoint: ip:port[,ip:port...]` (the pick, then fallbacks in order)
+//!   and the same value in the dynamic metadata `envoy.lb`; the body follows, streamed back in
+//!   chunks of at most [`CHUNK`] bytes (in this mode Envoy forwards only what the processor sends);
+//! - with a `BUFFERED` request body the headers are let through at once and the pick rides on the
+//!   answer to the body (a body answer may still change the request's headers);
+//! - a client's own `x-gateway-destination-endpoint` is always overwritten, never obeyed;
+//! - a subset hint (`envoy.lb.subset_hint` metadata) limits the pick; none of it in the pool: 503;
+//! - the response headers are the request's first token (its prefill no longer loads the
+//!   member); the data plane's `x-gateway-destination-endpoint-served` (metadata `envoy.lb`) moves
+//!   the request's load where it really went; the stream's end, however it ends, finishes it;
+//! - nobody to pick (no members yet): 503 as an immediate response.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::r#type::v3::{HttpStatus, StatusCode};
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    body_mutation, processing_request, processing_response, BodyMutation, BodyResponse, CommonResponse,
+    HeaderMutation, HeadersResponse, HttpHeaders, ImmediateResponse, ProcessingRequest, ProcessingResponse,
+    StreamedBodyResponse, TrailersResponse,
+};
+use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::pool::{Ask, NoPick, PoolPicker, Settle};
+use super::PickCounter;
+
+/// The header (and `envoy.lb` metadata key) naming the pick and its fallbacks.
+pub const DESTINATION: &str = "x-gateway-destination-endpoint";
+/// The metadata key the data plane reports the endpoint it used under.
+pub const SERVED: &str = "x-gateway-destination-endpoint-served";
+/// The metadata namespace of the pick (and of the served report).
+pub const LB_NAMESPACE: &str = "envoy.lb";
+/// The metadata namespace and key of the subset hint.
+pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
+pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
+/// A client's session or prefix key (the reference proxy's header).
+pub const KEY_HEADER: &str = "x-llm-prefix-key";
+/// The largest body chunk sent back, as the protocol's reference implementation sends them.
+pub const CHUNK: usize = 62_000;
+/// A request body larger than this is refused (413): it is held whole until the pick.
+pub const MAX_BODY: usize = 64 << 20;
+
+type Out = Result<ProcessingResponse, Status>;
+
+/// The gRPC service for one pool.
+#[derive(Clone)]
+pub struct Door {
+    pool: Arc<PoolPicker>,
+    counter: PickCounter,
+}
+
+impl Door {
+    pub fn new(pool: Arc<PoolPicker>, counter: PickCounter) -> Door {
+        Door { pool, counter }
+    }
+
+    pub fn server(self) -> ExternalProcessorServer<Door> {
+        ExternalProcessorServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl ExternalProcessor for Door {
+    type ProcessStream = Pin<Box<dyn Stream<Item = Out> + Send + 'static>>;
+
+    async fn process(&self, req: Request<Streaming<ProcessingRequest>>) -> Result<Response<Self::ProcessStream>, Status> {
+        let inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let exchange = Exchange::new(self.pool.clone(), self.counter.clone(), tx);
+        tokio::spawn(exchange.run(inbound));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// One HTTP request's exchange with Envoy.
+struct Exchange {
+    pool: Arc<PoolPicker>,
+    counter: PickCounter,
+    tx: mpsc::Sender<Out>,
+    key: Option<Vec<u8>>,
+    subset: Option<Vec<String>>,
+    body: Vec<u8>,
+    /// Whether the request body comes streamed back through us (full duplex) or stays with Envoy.
+    duplex: bool,
+    /// The same for the response body.
+    response_duplex: bool,
+    /// The pick's id, once picked: settled when the exchange ends.
+    picked: Option<u64>,
+    answered: bool,
+}
+
+/// What follows the answer to the request headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// The headers ended the request.
+    NoBody,
+    /// The body, ending with its last chunk.
+    BodyEnds,
+    /// The body so far, then the request trailers.
+    TrailersFollow,
+}
+
+/// Releases the pick however the exchange ends (Envoy closed the stream, the client left).
+struct Release(Arc<PoolPicker>, u64);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.finished(self.1);
+    }
+}
+
+impl Exchange {
+    fn new(pool: Arc<PoolPicker>, counter: PickCounter, tx: mpsc::Sender<Out>) -> Exchange {
+        Exchange {
+            pool,
+            counter,
+            tx,
+            key: None,
+            subset: None,
+            body: Vec::new(),
+            duplex: true,
+            response_duplex: true,
+            picked: None,
+            answered: false,
+        }
+    }
+
+    async fn run(mut self, mut inbound: Streaming<ProcessingRequest>) {
+        let mut release: Option<Release> = None;
+        loop {
+            let msg = match inbound.message().await {
+                Ok(Some(m)) => m,
+                // The stream ended or broke: the request is over either way.
+                Ok(None) | Err(_) => break,
+            };
+            let keep_going = self.handle(msg).await;
+            if let (None, Some(id)) = (&release, self.picked) {
+                release = Some(Release(self.pool.clone(), id));
+            }
+            if !keep_going {
+                break;
+            }
+        }
+        drop(release);
+    }
+
+    async fn send(&self, response: processing_response::Response, metadata: Option<Struct>) -> bool {
+        let msg = ProcessingResponse { response: Some(response), dynamic_metadata: metadata, ..Default::default() };
+        self.tx.send(Ok(msg)).await.is_ok()
+    }
+
+    /// One message from Envoy; `false` ends the exchange.
+    async fn handle(&mut self, msg: ProcessingRequest) -> bool {
+        use processing_request::Request as In;
+        if let Some(pc) = &msg.protocol_config {
+            self.duplex = pc.request_body_mode == BodySendMode::FullDuplexStreamed as i32;
+            self.response_duplex = pc.response_body_mode == BodySendMode::FullDuplexStreamed as i32;
+        }
+        match msg.request {
+            Some(In::RequestHeaders(h)) => {
+                self.subset = subset_hint(msg.metadata_context.as_ref());
+                self.key = header(&h, KEY_HEADER).filter(|k| !k.is_empty());
+                if h.end_of_stream {
+                    return self.pick_and_answer(Then::NoBody).await;
+                }
+                if self.duplex {
+                    // Held: the answer goes once the body has ended.
+                    true
+                } else {
+                    // The body will come as one message and its answer carries the pick.
+                    self.send(processing_response::Response::RequestHeaders(HeadersResponse::default()), None).await
+                }
+            }
+            Some(In::RequestBody(b)) => {
+                if self.body.len() + b.body.len() > MAX_BODY {
+                    return self.immediate(StatusCode::PayloadTooLarge, "request body too large for the endpoint picker").await;
+                }
+                self.body.extend_from_slice(&b.body);
+                if !self.duplex {
+                    return self.pick_and_answer(Then::BodyEnds).await;
+                }
+                if b.end_of_stream {
+                    return self.pick_and_answer(Then::BodyEnds).await;
+                }
+                true
+            }
+            Some(In::RequestTrailers(_)) => {
+                // A body that ended with trailers: pick now, send the body on, then the trailers.
+                if !self.answered && !self.pick_and_answer(Then::TrailersFollow).await {
+                    return false;
+                }
+                self.send(processing_response::Response::RequestTrailers(TrailersResponse::default()), None).await
+            }
+            Some(In::ResponseHeaders(_)) => {
+                if let Some(id) = self.picked {
+                    if let Some(served) = served(msg.metadata_context.as_ref()) {
+                        self.pool.served(id, &served);
+                    }
+                    self.pool.first_token(id);
+                }
+                self.send(processing_response::Response::ResponseHeaders(HeadersResponse::default()), None).await
+            }
+            Some(In::ResponseBody(b)) => {
+                // Full duplex: what we send is what the client gets; echo each chunk at once.
+                let end = b.end_of_stream;
+                let ok = if self.response_duplex {
+                    self.stream_back(b.body, end, false).await
+                } else {
+                    self.send(processing_response::Response::ResponseBody(BodyResponse::default()), None).await
+                };
+                if end {
+                    if let Some(id) = self.picked {
+                        self.pool.finished(id);
+                    }
+                }
+                ok
+            }
+            Some(In::ResponseTrailers(_)) => {
+                self.send(processing_response::Response::ResponseTrailers(TrailersResponse::default()), None).await
+            }
+            None => true,
+        }
+    }
+
+    /// Pick, then answer the held headers (full duplex) or the buffered body, and send the body
+    /// back (full duplex) as `then` says.
+    async fn pick_and_answer(&mut self, then: Then) -> bool {
+        let ask = Ask { body: &self.body, key: self.key.as_deref(), subset: self.subset.as_deref() };
+        let pick = match self.pool.pick(ask, Settle::Tracked) {
+            Ok(p) => p,
+            Err(why) => {
+                self.counter.count(&self.pool.name, "ext_proc", outcome(why));
+                let what = match why {
+                    NoPick::NoMembers => "no endpoint to pick: the pool has no members yet",
+                    NoPick::OutsideSubset => "no endpoint of the pool is in the subset hint",
+                };
+                return self.immediate(StatusCode::ServiceUnavailable, what).await;
+            }
+        };
+        self.counter.count(&self.pool.name, "ext_proc", "picked");
+        self.picked = Some(pick.id);
+        self.answered = true;
+        let value = pick.endpoints.join(",");
+        let common = CommonResponse {
+            clear_route_cache: true,
+            header_mutation: Some(HeaderMutation {
+                set_headers: vec![HeaderValueOption {
+                    header: Some(HeaderValue {
+                        key: DESTINATION.into(),
+                        raw_value: value.clone().into_bytes(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let metadata = lb_metadata(&value);
+        if !self.duplex {
+            let answer = processing_response::Response::RequestBody(BodyResponse { response: Some(common) });
+            return self.send(answer, Some(metadata)).await;
+        }
+        let answer = processing_response::Response::RequestHeaders(HeadersResponse { response: Some(common) });
+        if !self.send(answer, Some(metadata)).await {
+            return false;
+        }
+        let body = std::mem::take(&mut self.body);
+        match then {
+            Then::NoBody => true,
+            Then::BodyEnds => self.stream_back(body, true, true).await,
+            Then::TrailersFollow => body.is_empty() || self.stream_back(body, false, true).await,
+        }
+    }
+
+    /// Send `body` back in chunks, the last marked `end` when `end`.
+    async fn stream_back(&self, body: Vec<u8>, end: bool, request: bool) -> bool {
+        let chunks: Vec<&[u8]> = if body.is_empty() { vec![&[][..]] } else { body.chunks(CHUNK).collect() };
+        let last = chunks.len() - 1;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let streamed = StreamedBodyResponse { body: chunk.to_vec(), end_of_stream: end && i == last, ..Default::default() };
+            let common = CommonResponse {
+                body_mutation: Some(BodyMutation { mutation: Some(body_mutation::Mutation::StreamedResponse(streamed)) }),
+                ..Default::default()
+            };
+            let answer = BodyResponse { response: Some(common) };
+            let msg = if request {
+                processing_response::Response::RequestBody(answer)
+            } else {
+                processing_response::Response::ResponseBody(answer)
+            };
+            if !self.send(msg, None).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn immediate(&mut self, code: StatusCode, message: &str) -> bool {
+        let body = serde_json::to_vec(&serde_json::json!({"error": message})).unwrap_or_default();
+        let answer = ImmediateResponse {
+            status: Some(HttpStatus { code: code as i32 }),
+            headers: Some(HeaderMutation {
+                set_headers: vec![HeaderValueOption {
+                    header: Some(HeaderValue {
+                        key: "content-type".into(),
+                        raw_value: b"application/json".to_vec(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            body,
+            ..Default::default()
+        };
+        self.send(processing_response::Response::ImmediateResponse(answer), None).await;
+        false
+    }
+}
+
+fn outcome(why: NoPick) -> &'static str {
+    match why {
+        NoPick::NoMembers => "no_members",
+        NoPick::OutsideSubset => "outside_subset",
+    }
+}
+
+/// A request header's bytes (Envoy sends `raw_value`; older ones `value`).
+fn header(h: &HttpHeaders, name: &str) -> Option<Vec<u8>> {
+    let map = h.headers.as_ref()?;
+    let hv = map.headers.iter().find(|hv| hv.key.eq_ignore_ascii_case(name))?;
+    Some(if hv.raw_value.is_empty() { hv.value.clone().into_bytes() } else { hv.raw_value.clone() })
+}
+
+fn string_value(s: &str) -> Value {
+    Value { kind: Some(Kind::StringValue(s.to_string())) }
+}
+
+/// `{"envoy.lb": {"x-gateway-destination-endpoint": value}}`.
+fn lb_metadata(value: &str) -> Struct {
+    let inner = Struct { fields: BTreeMap::from([(DESTINATION.to_string(), string_value(value))]).into_iter().collect() };
+    Struct {
+        fields: BTreeMap::from([(LB_NAMESPACE.to_string(), Value { kind: Some(Kind::StructValue(inner)) })])
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// The subset hint: a list of `ip[:port]` strings, or one comma-separated string (each list item
+/// may be comma-separated too). `None` when absent; an empty list is an empty subset.
+fn subset_hint(metadata: Option<&Metadata>) -> Option<Vec<String>> {
+    let value = metadata?.filter_metadata.get(SUBSET_NAMESPACE)?.fields.get(SUBSET_KEY)?;
+    let split = |s: &str| s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect::<Vec<_>>();
+    match value.kind.as_ref()? {
+        Kind::StringValue(s) => Some(split(s)),
+        Kind::ListValue(l) => Some(
+            l.values
+                .iter()
+                .filter_map(|v| match &v.kind {
+                    Some(Kind::StringValue(s)) => Some(split(s)),
+                    _ => None,
+                })
+                .flatten()
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// The endpoint the data plane reports it used (`envoy.lb` / `x-gateway-destination-endpoint-served`).
+fn served(metadata: Option<&Metadata>) -> Option<String> {
+    let value = metadata?.filter_metadata.get(LB_NAMESPACE)?.fields.get(SERVED)?;
+    match value.kind.as_ref()? {
+        Kind::StringValue(s) => s.split(',').next().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()),
+        _ => None,
+    }
+}
