@@ -80,6 +80,8 @@ pub struct Metrics {
     pub leader: Gauge,
     /// `llmlc_picker_picks` (pool, door, outcome): every answer of a served endpoint picker.
     pub picker_picks: FCounter,
+    /// `llmlc_picker_served` (pool, as_picked): the data plane's reports of the endpoint it used.
+    pub picker_served: FCounter,
     /// Config file reloads by result (`applied`, `rejected`).
     pub config_reloads: FCounter,
     /// 1 when the last config file change was applied (or none happened), 0 when it was rejected.
@@ -195,6 +197,11 @@ impl Metrics {
             "llmlc_sink_writes",
             "Member ratios written on the load balancer by pool and sink (a configuration change on BIG-IP)",
         );
+        let picker_served = c(
+            &mut r,
+            "llmlc_picker_served",
+            "Endpoints the data plane reported it used, by pool and whether it was the pick (as_picked true) or a fallback",
+        );
         let picker_picks = c(
             &mut r,
             "llmlc_picker_picks",
@@ -263,6 +270,7 @@ impl Metrics {
             last_good_cycle,
             leader,
             picker_picks,
+            picker_served,
             config_reloads,
             config_last_reload_successful,
             noted: Mutex::default(),

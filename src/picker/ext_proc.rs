@@ -81,7 +81,10 @@ impl Door {
 impl ExternalProcessor for Door {
     type ProcessStream = Pin<Box<dyn Stream<Item = Out> + Send + 'static>>;
 
-    async fn process(&self, req: Request<Streaming<ProcessingRequest>>) -> Result<Response<Self::ProcessStream>, Status> {
+    async fn process(
+        &self,
+        req: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, Status> {
         let inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let exchange = Exchange::new(self.pool.clone(), self.counter.clone(), tx);
@@ -163,7 +166,8 @@ impl Exchange {
     }
 
     async fn send(&self, response: processing_response::Response, metadata: Option<Struct>) -> bool {
-        let msg = ProcessingResponse { response: Some(response), dynamic_metadata: metadata, ..Default::default() };
+        let msg =
+            ProcessingResponse { response: Some(response), dynamic_metadata: metadata, ..Default::default() };
         self.tx.send(Ok(msg)).await.is_ok()
     }
 
@@ -186,12 +190,18 @@ impl Exchange {
                     true
                 } else {
                     // The body will come as one message and its answer carries the pick.
-                    self.send(processing_response::Response::RequestHeaders(HeadersResponse::default()), None).await
+                    self.send(processing_response::Response::RequestHeaders(HeadersResponse::default()), None)
+                        .await
                 }
             }
             Some(In::RequestBody(b)) => {
                 if self.body.len() + b.body.len() > MAX_BODY {
-                    return self.immediate(StatusCode::PayloadTooLarge, "request body too large for the endpoint picker").await;
+                    return self
+                        .immediate(
+                            StatusCode::PayloadTooLarge,
+                            "request body too large for the endpoint picker",
+                        )
+                        .await;
                 }
                 self.body.extend_from_slice(&b.body);
                 if !self.duplex {
@@ -207,16 +217,20 @@ impl Exchange {
                 if !self.answered && !self.pick_and_answer(Then::TrailersFollow).await {
                     return false;
                 }
-                self.send(processing_response::Response::RequestTrailers(TrailersResponse::default()), None).await
+                self.send(processing_response::Response::RequestTrailers(TrailersResponse::default()), None)
+                    .await
             }
             Some(In::ResponseHeaders(_)) => {
                 if let Some(id) = self.picked {
                     if let Some(served) = served(msg.metadata_context.as_ref()) {
-                        self.pool.served(id, &served);
+                        if let Some(as_picked) = self.pool.served(id, &served) {
+                            self.counter.served(&self.pool.name, as_picked);
+                        }
                     }
                     self.pool.first_token(id);
                 }
-                self.send(processing_response::Response::ResponseHeaders(HeadersResponse::default()), None).await
+                self.send(processing_response::Response::ResponseHeaders(HeadersResponse::default()), None)
+                    .await
             }
             Some(In::ResponseBody(b)) => {
                 // Full duplex: what we send is what the client gets; echo each chunk at once.
@@ -224,7 +238,8 @@ impl Exchange {
                 let ok = if self.response_duplex {
                     self.stream_back(b.body, end, false).await
                 } else {
-                    self.send(processing_response::Response::ResponseBody(BodyResponse::default()), None).await
+                    self.send(processing_response::Response::ResponseBody(BodyResponse::default()), None)
+                        .await
                 };
                 if end {
                     if let Some(id) = self.picked {
@@ -234,7 +249,8 @@ impl Exchange {
                 ok
             }
             Some(In::ResponseTrailers(_)) => {
-                self.send(processing_response::Response::ResponseTrailers(TrailersResponse::default()), None).await
+                self.send(processing_response::Response::ResponseTrailers(TrailersResponse::default()), None)
+                    .await
             }
             None => true,
         }
@@ -279,7 +295,8 @@ impl Exchange {
             let answer = processing_response::Response::RequestBody(BodyResponse { response: Some(common) });
             return self.send(answer, Some(metadata)).await;
         }
-        let answer = processing_response::Response::RequestHeaders(HeadersResponse { response: Some(common) });
+        let answer =
+            processing_response::Response::RequestHeaders(HeadersResponse { response: Some(common) });
         if !self.send(answer, Some(metadata)).await {
             return false;
         }
@@ -296,9 +313,15 @@ impl Exchange {
         let chunks: Vec<&[u8]> = if body.is_empty() { vec![&[][..]] } else { body.chunks(CHUNK).collect() };
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
-            let streamed = StreamedBodyResponse { body: chunk.to_vec(), end_of_stream: end && i == last, ..Default::default() };
+            let streamed = StreamedBodyResponse {
+                body: chunk.to_vec(),
+                end_of_stream: end && i == last,
+                ..Default::default()
+            };
             let common = CommonResponse {
-                body_mutation: Some(BodyMutation { mutation: Some(body_mutation::Mutation::StreamedResponse(streamed)) }),
+                body_mutation: Some(BodyMutation {
+                    mutation: Some(body_mutation::Mutation::StreamedResponse(streamed)),
+                }),
                 ..Default::default()
             };
             let answer = BodyResponse { response: Some(common) };
@@ -357,7 +380,9 @@ fn string_value(s: &str) -> Value {
 
 /// `{"envoy.lb": {"x-gateway-destination-endpoint": value}}`.
 fn lb_metadata(value: &str) -> Struct {
-    let inner = Struct { fields: BTreeMap::from([(DESTINATION.to_string(), string_value(value))]).into_iter().collect() };
+    let inner = Struct {
+        fields: BTreeMap::from([(DESTINATION.to_string(), string_value(value))]).into_iter().collect(),
+    };
     Struct {
         fields: BTreeMap::from([(LB_NAMESPACE.to_string(), Value { kind: Some(Kind::StructValue(inner)) })])
             .into_iter()
@@ -369,7 +394,9 @@ fn lb_metadata(value: &str) -> Struct {
 /// may be comma-separated too). `None` when absent; an empty list is an empty subset.
 fn subset_hint(metadata: Option<&Metadata>) -> Option<Vec<String>> {
     let value = metadata?.filter_metadata.get(SUBSET_NAMESPACE)?.fields.get(SUBSET_KEY)?;
-    let split = |s: &str| s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect::<Vec<_>>();
+    let split = |s: &str| {
+        s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect::<Vec<_>>()
+    };
     match value.kind.as_ref()? {
         Kind::StringValue(s) => Some(split(s)),
         Kind::ListValue(l) => Some(

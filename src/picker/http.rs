@@ -46,10 +46,18 @@ fn error(status: StatusCode, message: String) -> Response {
     (status, axum::Json(serde_json::json!({"error": message}))).into_response()
 }
 
-async fn pick(State(door): State<Door>, Path(pool): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+async fn pick(
+    State(door): State<Door>,
+    Path(pool): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let Some(p) = door.pools.get(&pool) else {
         let known: Vec<&str> = door.pools.keys().map(String::as_str).collect();
-        return error(StatusCode::NOT_FOUND, format!("no picker for pool {pool:?} here (pools: {})", known.join(", ")));
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("no picker for pool {pool:?} here (pools: {})", known.join(", ")),
+        );
     };
     let subset: Option<Vec<String>> = headers.get("x-llmlc-members").map(|v| {
         String::from_utf8_lossy(v.as_bytes())
@@ -58,7 +66,11 @@ async fn pick(State(door): State<Door>, Path(pool): Path<String>, headers: Heade
             .map(str::to_string)
             .collect()
     });
-    let ask = Ask { body: &body, key: headers.get("x-llm-prefix-key").map(|v| v.as_bytes()), subset: subset.as_deref() };
+    let ask = Ask {
+        body: &body,
+        key: headers.get("x-llm-prefix-key").map(|v| v.as_bytes()),
+        subset: subset.as_deref(),
+    };
     match p.pick(ask, Settle::Never) {
         Ok(pick) => {
             door.counter.count(&pool, "http", "picked");

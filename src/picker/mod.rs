@@ -35,17 +35,29 @@ use crate::config::{Config, SourceConfig};
 use crate::report::CycleReport;
 use crate::telemetry::{labels, Labels, Telemetry};
 
-/// `llmlc_picker_picks{pool, door, outcome}`: every answer a door gave.
+/// `llmlc_picker_picks{pool, door, outcome}`: every answer a door gave; and
+/// `llmlc_picker_served{pool, as_picked}`: every report of the endpoint used.
 #[derive(Clone, Default)]
-pub struct PickCounter(Family<Labels, Counter>);
+pub struct PickCounter {
+    picks: Family<Labels, Counter>,
+    served: Family<Labels, Counter>,
+}
 
 impl PickCounter {
     pub fn new(telemetry: &Telemetry) -> PickCounter {
-        PickCounter(telemetry.metrics.picker_picks.clone())
+        PickCounter {
+            picks: telemetry.metrics.picker_picks.clone(),
+            served: telemetry.metrics.picker_served.clone(),
+        }
     }
 
     pub fn count(&self, pool: &str, door: &str, outcome: &str) {
-        self.0.get_or_create(&labels(&[("pool", pool), ("door", door), ("outcome", outcome)])).inc();
+        self.picks.get_or_create(&labels(&[("pool", pool), ("door", door), ("outcome", outcome)])).inc();
+    }
+
+    pub fn served(&self, pool: &str, as_picked: bool) {
+        let v = if as_picked { "true" } else { "false" };
+        self.served.get_or_create(&labels(&[("pool", pool), ("as_picked", v)])).inc();
     }
 }
 
@@ -77,12 +89,19 @@ pub fn validate(cfg: &Config) -> Vec<(String, String)> {
     for (i, p) in cfg.pools.iter().enumerate() {
         let Some(pc) = &p.picker else { continue };
         for (field, msg) in pc.validate() {
-            let at = if field.is_empty() { format!("pools[{i}].picker") } else { format!("pools[{i}].picker.{field}") };
+            let at = if field.is_empty() {
+                format!("pools[{i}].picker")
+            } else {
+                format!("pools[{i}].picker.{field}")
+            };
             errs.push((at, msg));
         }
         let mine = [pc.ext_proc, pc.health, pc.http];
         if mine.iter().flatten().any(|a| *a == cfg.listen && a.port() != 0) {
-            errs.push((format!("pools[{i}].picker"), format!("a door on {} is the controller's own `listen`", cfg.listen)));
+            errs.push((
+                format!("pools[{i}].picker"),
+                format!("a door on {} is the controller's own `listen`", cfg.listen),
+            ));
         }
         if let Some(a) = pc.ext_proc.filter(|a| a.port() != 0) {
             if let Some(other) = ext_procs.insert(a, &p.name) {
@@ -97,7 +116,11 @@ pub fn validate(cfg: &Config) -> Vec<(String, String)> {
 }
 
 /// Bind every door of `cfg`'s pools and start their tasks. Errors name the pool and address.
-pub async fn serve(cfg: &Config, telemetry: Arc<Telemetry>, stop: CancellationToken) -> Result<Served, String> {
+pub async fn serve(
+    cfg: &Config,
+    telemetry: Arc<Telemetry>,
+    stop: CancellationToken,
+) -> Result<Served, String> {
     let counter = PickCounter::new(&telemetry);
     let mut served = Served { pools: BTreeMap::new(), bound: BTreeMap::new(), tasks: Vec::new() };
     let mut http_doors: BTreeMap<SocketAddr, BTreeMap<String, Arc<PoolPicker>>> = BTreeMap::new();
@@ -156,7 +179,11 @@ fn local(listener: &tokio::net::TcpListener, configured: SocketAddr) -> SocketAd
     listener.local_addr().unwrap_or(configured)
 }
 
-fn spawn_server(listener: tokio::net::TcpListener, app: axum::Router, stop: CancellationToken) -> JoinHandle<()> {
+fn spawn_server(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
             tracing::error!(error = %e, "picker door stopped");
@@ -169,14 +196,20 @@ fn page_access(cfg: &Config, source: &str) -> Result<refresh::PageAccess, String
     let timeout = std::time::Duration::from_secs(2);
     match cfg.sources.get(source) {
         Some(SourceConfig::Scrape(s)) => Ok(refresh::PageAccess {
-            client: crate::source::http_client(timeout, s.ca_file.as_deref(), s.insecure_skip_verify, &Default::default())
-                .map_err(|e| e.to_string())?,
+            client: crate::source::http_client(
+                timeout,
+                s.ca_file.as_deref(),
+                s.insecure_skip_verify,
+                &Default::default(),
+            )
+            .map_err(|e| e.to_string())?,
             scheme: s.scheme.clone(),
             path: s.path.clone(),
             token: s.bearer_token.clone(),
         }),
         _ => Ok(refresh::PageAccess {
-            client: crate::source::http_client(timeout, None, false, &Default::default()).map_err(|e| e.to_string())?,
+            client: crate::source::http_client(timeout, None, false, &Default::default())
+                .map_err(|e| e.to_string())?,
             scheme: "http".into(),
             path: "/metrics".into(),
             token: None,
@@ -185,7 +218,11 @@ fn page_access(cfg: &Config, source: &str) -> Result<refresh::PageAccess, String
 }
 
 /// Each cycle's members and ratios become the pickers' members and capacity.
-async fn follow_cycles(pools: BTreeMap<String, Arc<PoolPicker>>, telemetry: Arc<Telemetry>, stop: CancellationToken) {
+async fn follow_cycles(
+    pools: BTreeMap<String, Arc<PoolPicker>>,
+    telemetry: Arc<Telemetry>,
+    stop: CancellationToken,
+) {
     let mut reports = telemetry.reports();
     loop {
         if let Some(report) = reports.borrow_and_update().clone() {
@@ -202,7 +239,8 @@ async fn follow_cycles(pools: BTreeMap<String, Arc<PoolPicker>>, telemetry: Arc<
 pub fn apply(pools: &BTreeMap<String, Arc<PoolPicker>>, report: &CycleReport) {
     for p in &report.pools {
         if let Some(picker) = pools.get(&p.pool) {
-            let members: Vec<(String, f64)> = p.members.iter().map(|m| (m.member.clone(), f64::from(m.ratio))).collect();
+            let members: Vec<(String, f64)> =
+                p.members.iter().map(|m| (m.member.clone(), f64::from(m.ratio))).collect();
             picker.set_members(&members);
         }
     }
@@ -210,7 +248,11 @@ pub fn apply(pools: &BTreeMap<String, Arc<PoolPicker>>, report: &CycleReport) {
 
 /// The ext_proc door is ready (gRPC health `readiness`, `""` and the service's name) while its
 /// pool has members to pick from.
-async fn readiness(pool: Arc<PoolPicker>, reporter: tonic_health::server::HealthReporter, stop: CancellationToken) {
+async fn readiness(
+    pool: Arc<PoolPicker>,
+    reporter: tonic_health::server::HealthReporter,
+    stop: CancellationToken,
+) {
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
     let mut was: Option<bool> = None;
     loop {

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use llm_lc_balance::endpoint::picker::{Choice, Request, Settings};
-use llm_lc_balance::endpoint::prompt::{body_blocks, PromptBlocks, BLOCK_TOKENS};
+use llm_lc_balance::endpoint::prompt::{body_blocks, BLOCK_TOKENS};
 use llm_lc_balance::endpoint::{Gauges, RequestPicker};
 use llm_lc_common::fnv1a64;
 
@@ -98,7 +98,8 @@ impl PoolPicker {
     /// prefix index; the ratios become capacity shares (0: drained, chosen only if all are).
     pub fn set_members(&self, members: &[(String, f64)]) {
         let mut st = self.lock();
-        let same = st.members.len() == members.len() && st.members.iter().zip(members).all(|(a, (b, _))| a == b);
+        let same =
+            st.members.len() == members.len() && st.members.iter().zip(members).all(|(a, (b, _))| a == b);
         if !same {
             let old_of: Vec<Option<usize>> =
                 members.iter().map(|(m, _)| st.members.iter().position(|o| o == m)).collect();
@@ -127,7 +128,7 @@ impl PoolPicker {
     pub fn pick(&self, ask: Ask<'_>, settle: Settle) -> Result<Pick, NoPick> {
         let settings = *self.lock().picker.settings();
         // Hashing a prompt is the costly part of a pick: outside the lock.
-        let prompt = body_blocks(ask.body, settings.max_blocks).unwrap_or(PromptBlocks::default());
+        let prompt = body_blocks(ask.body, settings.max_blocks).unwrap_or_default();
         let key = ask.key.filter(|k| !k.is_empty()).map(fnv1a64);
         let request =
             Request { blocks: &prompt.blocks, tokens: prompt.tokens, block_tokens: BLOCK_TOKENS, key };
@@ -165,16 +166,18 @@ impl PoolPicker {
     }
 
     /// The data plane reports it served request `id` on `endpoint`: when that is not the pick (a
-    /// fallback was taken), the request's load moves there.
-    pub fn served(&self, id: u64, endpoint: &str) {
+    /// fallback was taken), the request's load moves there. Returns whether it was the pick
+    /// (`None` for a request or endpoint the picker does not know).
+    pub fn served(&self, id: u64, endpoint: &str) -> Option<bool> {
         let mut st = self.lock();
-        let Some(&(member, since)) = st.open.get(&id) else { return };
-        let Some(at) = st.members.iter().position(|m| m == endpoint) else { return };
+        let &(member, since) = st.open.get(&id)?;
+        let at = st.members.iter().position(|m| m == endpoint)?;
         if at != member {
             st.picker.finished(id);
             st.picker.open(id, Choice { member: at, matched: 0, uncached: 0 });
             st.open.insert(id, (at, since));
         }
+        Some(at == member)
     }
 
     /// Request `id`'s answer began: its prefill no longer loads its member.
@@ -249,12 +252,14 @@ mod tests {
     fn a_prefix_stays_on_its_member_and_fallbacks_follow_in_order() {
         let p = pool(&["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]);
         let doc = "a shared document. ".repeat(100);
-        let first = p.pick(Ask { body: &body(&doc, "q1"), ..Ask::default() }, Settle::Tracked).expect("a pick");
+        let first =
+            p.pick(Ask { body: &body(&doc, "q1"), ..Ask::default() }, Settle::Tracked).expect("a pick");
         assert_eq!(first.endpoints.len(), 3);
         let unique: std::collections::HashSet<_> = first.endpoints.iter().collect();
         assert_eq!(unique.len(), 3, "fallbacks are the other members, once each");
         for q in ["q2", "q3", "q4"] {
-            let again = p.pick(Ask { body: &body(&doc, q), ..Ask::default() }, Settle::Tracked).expect("a pick");
+            let again =
+                p.pick(Ask { body: &body(&doc, q), ..Ask::default() }, Settle::Tracked).expect("a pick");
             assert_eq!(again.endpoints[0], first.endpoints[0]);
         }
         assert_eq!(p.in_flight().iter().map(|(_, n)| n).sum::<u32>(), 4);
@@ -276,7 +281,10 @@ mod tests {
         assert_eq!(got.endpoints.len(), 2);
         assert!(got.endpoints.iter().all(|e| e != "10.0.0.2:8000"));
         let outside = vec!["10.9.9.9:8000".to_string()];
-        assert_eq!(p.pick(Ask { subset: Some(&outside), ..Ask::default() }, Settle::Never), Err(NoPick::OutsideSubset));
+        assert_eq!(
+            p.pick(Ask { subset: Some(&outside), ..Ask::default() }, Settle::Never),
+            Err(NoPick::OutsideSubset)
+        );
         let empty = PoolPicker::new("e", Settings::default(), 2, Duration::from_secs(60));
         assert_eq!(empty.pick(Ask::default(), Settle::Never), Err(NoPick::NoMembers));
     }
@@ -299,7 +307,10 @@ mod tests {
         let p = PoolPicker::new("p", Settings::default(), 0, Duration::from_secs(60));
         p.set_members(&[("a:1".into(), 0.0), ("b:1".into(), 5.0)]);
         for _ in 0..5 {
-            assert_eq!(p.pick(Ask::default(), Settle::Never).expect("a pick").endpoints, vec!["b:1".to_string()]);
+            assert_eq!(
+                p.pick(Ask::default(), Settle::Never).expect("a pick").endpoints,
+                vec!["b:1".to_string()]
+            );
         }
         let doc = "a shared document. ".repeat(100);
         p.set_members(&[("a:1".into(), 5.0), ("b:1".into(), 5.0)]);
