@@ -6,6 +6,7 @@
 //!   ext_proc: 0.0.0.0:9002     # Envoy / Gateway API Inference Extension endpoint-picker protocol
 //!   health: 0.0.0.0:9003       # gRPC health of the ext_proc door (liveness, readiness)
 //!   http: 0.0.0.0:9004         # sideband: POST the body's first bytes, answer ip:port or `fallback`
+//!   spoe: 0.0.0.0:9005         # HAProxy SPOE agent: message `pick` sets txn vars srv, addr, id
 //!   refresh: 100ms             # direct reads of the members' /metrics for the picker
 //! ```
 
@@ -29,6 +30,9 @@ pub struct PickerConfig {
     /// The sideband door: `POST /pick/{pool}`. Pools may share an address.
     #[serde(default)]
     pub http: Option<SocketAddr>,
+    /// HAProxy's SPOE agent (SPOP 2.0). Pools may share an address (the `pool` argument names it).
+    #[serde(default)]
+    pub spoe: Option<SocketAddr>,
     /// How often the members' metrics pages are read for the picker, beside the ratio cycle's
     /// own source (which may be a Prometheus tens of seconds behind).
     #[serde(default = "default_refresh", with = "humantime_serde")]
@@ -74,8 +78,8 @@ impl PickerConfig {
     /// Problems, as (field under `picker.`, message).
     pub fn validate(&self) -> Vec<(String, String)> {
         let mut errs = Vec::new();
-        if self.ext_proc.is_none() && self.http.is_none() {
-            errs.push(("".into(), "names no door: give `ext_proc` or `http`".into()));
+        if self.ext_proc.is_none() && self.http.is_none() && self.spoe.is_none() {
+            errs.push(("".into(), "names no door: give `ext_proc`, `spoe` or `http`".into()));
         }
         if self.health.is_some() && self.ext_proc.is_none() {
             errs.push(("health".into(), "is the ext_proc door's health service: give `ext_proc` too".into()));

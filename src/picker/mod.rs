@@ -1,6 +1,7 @@
 //! The endpoint picker served by the controller, per pool, behind the per-request hooks of the
 //! load balancers users already run: Envoy's `ext_proc` as the Gateway API Inference Extension's
-//! endpoint-picker protocol ([`ext_proc`]), and an HTTP sideband for a BIG-IP iRule ([`http`]).
+//! endpoint-picker protocol ([`ext_proc`]), HAProxy's SPOE ([`spoe`]), and an HTTP sideband for
+//! a BIG-IP iRule ([`http`]).
 //!
 //! It runs on every replica, leader or not: the picker's design makes replicas agree without
 //! talking (a prefix's home is the same rendezvous hash everywhere, and every replica reads the
@@ -17,6 +18,7 @@ pub mod ext_proc;
 pub mod http;
 pub mod pool;
 pub mod refresh;
+pub mod spoe;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -34,6 +36,7 @@ pub use pool::PoolPicker;
 use crate::config::{Config, SourceConfig};
 use crate::report::CycleReport;
 use crate::telemetry::{labels, Labels, Telemetry};
+use llm_lc_adapters::SinkConfig;
 
 /// `llmlc_picker_picks{pool, door, outcome}`: every answer a door gave; and
 /// `llmlc_picker_served{pool, as_picked}`: every report of the endpoint used.
@@ -96,7 +99,7 @@ pub fn validate(cfg: &Config) -> Vec<(String, String)> {
             };
             errs.push((at, msg));
         }
-        let mine = [pc.ext_proc, pc.health, pc.http];
+        let mine = [pc.ext_proc, pc.health, pc.http, pc.spoe];
         if mine.iter().flatten().any(|a| *a == cfg.listen && a.port() != 0) {
             errs.push((
                 format!("pools[{i}].picker"),
@@ -124,6 +127,7 @@ pub async fn serve(
     let counter = PickCounter::new(&telemetry);
     let mut served = Served { pools: BTreeMap::new(), bound: BTreeMap::new(), tasks: Vec::new() };
     let mut http_doors: BTreeMap<SocketAddr, BTreeMap<String, Arc<PoolPicker>>> = BTreeMap::new();
+    let mut spoe_doors: BTreeMap<SocketAddr, BTreeMap<String, Arc<spoe::SpoePool>>> = BTreeMap::new();
     for p in &cfg.pools {
         let Some(pc) = &p.picker else { continue };
         let settings = pc.settings().map_err(|e| format!("pool {:?} picker: {e}", p.name))?;
@@ -153,6 +157,35 @@ pub async fn serve(
         if let Some(addr) = pc.http {
             http_doors.entry(addr).or_default().insert(p.name.clone(), pool.clone());
         }
+        if let Some(addr) = pc.spoe {
+            let sp = Arc::new(spoe::SpoePool::new(pool.clone()));
+            if let SinkConfig::Haproxy(h) = &p.sink {
+                let addrs: Vec<String> = h.runtime_addresses().cloned().collect();
+                if !addrs.is_empty() {
+                    served.tasks.push(tokio::spawn(spoe::follow_names(
+                        sp.clone(),
+                        addrs,
+                        h.backend.clone(),
+                        stop.clone(),
+                    )));
+                }
+            }
+            spoe_doors.entry(addr).or_default().insert(p.name.clone(), sp);
+        }
+    }
+    for (addr, pools) in spoe_doors {
+        let names: Vec<String> = pools.keys().cloned().collect();
+        let listener = bind(addr, &names.join(","), "spoe").await?;
+        let at = local(&listener, addr);
+        for n in names {
+            served.bound.insert((n, "spoe"), at);
+        }
+        served.tasks.push(tokio::spawn(spoe::serve(
+            listener,
+            Arc::new(pools),
+            counter.clone(),
+            stop.clone(),
+        )));
     }
     for (addr, pools) in http_doors {
         let names: Vec<String> = pools.keys().cloned().collect();

@@ -1,0 +1,161 @@
+//! The controller's endpoint picker behind a real HAProxy 2.6 over SPOE, with the shipped
+//! `deploy/haproxy/haproxy-spoe.cfg` and `spoe-picker.conf` (issue 42): simulated vLLM servers on
+//! loopback, the controller pushing weights over the runtime API and serving the agent, HAProxy
+//! asking it per request. A prompt's requests stay on the server that has it and spill when it
+//! saturates; with the agent unreachable, requests are still answered by HAProxy's own leastconn
+//! over the pushed weights, without waiting out more than `timeout processing`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use llm_lc_sim::{Fleet, ModelProfile};
+use llm_lc_testkit::controller::Running;
+use llm_lc_testkit::haproxy::{wait_all_up, Haproxy};
+use llm_lc_testkit::{ports, sim, wait};
+use serde_json::json;
+
+fn bin() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_BIN_EXE_llm-load-controller"))
+}
+
+const SHIPPED: &str = include_str!("../deploy/haproxy/haproxy-spoe.cfg");
+const SHIPPED_SPOE: &str = include_str!("../deploy/haproxy/spoe-picker.conf");
+const SHIPPED_SERVERS: [&str; 3] = ["10.0.0.11:8000", "10.0.0.12:8000", "10.0.0.13:8000"];
+
+/// The shipped pair on loopback: servers at `fleet`, the agent at `agent_port`; the answer names
+/// the server that took the request (`x-upstream`).
+async fn haproxy(fleet: &Fleet, agent_port: u16, spoe_dir: &std::path::Path) -> Haproxy {
+    let spoe_path = spoe_dir.join("spoe-picker.conf");
+    std::fs::write(&spoe_path, SHIPPED_SPOE).expect("write spoe-picker.conf");
+    let mut cfg = SHIPPED.to_string();
+    let agent = format!("127.0.0.1:{agent_port}");
+    let spoe = spoe_path.display().to_string();
+    for (from, to) in [
+        ("bind *:8080", "bind 127.0.0.1:{{PORT:fe}}"),
+        ("stats socket ipv4@0.0.0.0:9999 level admin", "{{STATS_SOCKETS}}"),
+        ("log stdout format raw local0 info", "nbthread 1"),
+        ("check inter 2s", "check inter 100ms"),
+        ("llm-load-controller:9005", agent.as_str()),
+        ("/etc/haproxy/spoe-picker.conf", spoe.as_str()),
+        ("    balance leastconn\n", "    balance leastconn\n    http-response set-header x-upstream %s\n"),
+    ] {
+        assert!(cfg.contains(from), "{from:?} not in the shipped haproxy-spoe.cfg");
+        cfg = cfg.replace(from, to);
+    }
+    for (shipped, local) in SHIPPED_SERVERS.iter().zip(fleet.addrs()) {
+        cfg = cfg.replace(shipped, &local.to_string());
+    }
+    let hx = Haproxy::start(&cfg).await;
+    wait_all_up(&hx, "llm", &["vllm-0", "vllm-1", "vllm-2"]).await;
+    hx
+}
+
+fn controller(fleet: &Fleet, hx: &Haproxy, agent_port: u16) -> Running {
+    let members: Vec<String> = fleet.addrs().iter().map(|a| format!("'{a}'")).collect();
+    Running::start(
+        bin(),
+        "1s",
+        &format!(
+            "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: [{}] }}\n    sink: {{ kind: haproxy, address: '{}', backend: llm }}\n    picker: {{ spoe: '127.0.0.1:{agent_port}', refresh: 50ms }}\n",
+            members.join(", "),
+            hx.runtime_tcp_address()
+        ),
+    )
+}
+
+fn ask(doc: &str, question: &str, max_tokens: u32) -> String {
+    json!({"model": "sim-tiny", "max_tokens": max_tokens, "messages": [
+        {"role": "system", "content": doc}, {"role": "user", "content": question}]})
+    .to_string()
+}
+
+fn document(n: usize) -> String {
+    format!("document {n}: ") + &"the same long context, sent again and again. ".repeat(25)
+}
+
+/// POST through HAProxy: status, the server that answered, how long it took.
+async fn send(hx: &Haproxy, body: String) -> (u16, String, Duration) {
+    let t0 = Instant::now();
+    let resp = sim::client()
+        .post(format!("http://127.0.0.1:{}/v1/chat/completions", hx.port("fe")))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("HAProxy answers");
+    let status = resp.status().as_u16();
+    let server = resp.headers().get("x-upstream").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let _ = resp.bytes().await;
+    (status, server, t0.elapsed())
+}
+
+async fn picks(c: &Running) -> f64 {
+    c.metrics()
+        .await
+        .lines()
+        .filter(|l| {
+            l.starts_with("llmlc_picker_picks") && l.contains("door=\"spoe\"") && l.contains("picked")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_stays_on_its_server_and_spills_when_that_server_saturates() {
+    let fleet = sim::fleet(ModelProfile::tiny(), &[1.0, 1.0, 1.0], |_| {}).await;
+    let agent_port = ports::free_port();
+    let dir = tempfile::tempdir().expect("tmp");
+    let hx = haproxy(&fleet, agent_port, dir.path()).await;
+    let c = controller(&fleet, &hx, agent_port);
+    // The agent answers once the controller has members and the backend's server names.
+    wait::until_or(
+        Duration::from_secs(20),
+        "the agent placing a prompt by name",
+        || async {
+            let before = picks(&c).await;
+            let (status, _, _) = send(&hx, ask(&document(99), "warm up", 2)).await;
+            (status == 200 && picks(&c).await > before).then_some(())
+        },
+        || format!("controller:\n{}\nhaproxy:\n{}", c.log(), hx.log()),
+    )
+    .await;
+    let doc = document(0);
+    let (_, home, _) = send(&hx, ask(&doc, "first", 2)).await;
+    for q in 0..6 {
+        let (status, at, _) = send(&hx, ask(&doc, &format!("question {q}"), 2)).await;
+        assert_eq!((status, at.as_str()), (200, home.as_str()), "the prompt stays where it is cached");
+    }
+    let mut homes = BTreeSet::new();
+    for n in 1..13 {
+        homes.insert(send(&hx, ask(&document(n), "q", 2)).await.1);
+    }
+    assert!(homes.len() >= 2, "twelve prompts all on one server: {homes:?}");
+    let burst = (0..24).map(|i| send(&hx, ask(&doc, &format!("burst {i}"), 200)));
+    let mut by_server: BTreeMap<String, usize> = BTreeMap::new();
+    for (status, at, _) in futures::future::join_all(burst).await {
+        assert_eq!(status, 200);
+        *by_server.entry(at).or_default() += 1;
+    }
+    assert!(by_server.len() >= 2, "a saturated server spills: {by_server:?}");
+    let at_home = by_server.get(&home).copied().unwrap_or(0);
+    assert!(by_server.values().all(|n| *n <= at_home), "home keeps the largest share: {by_server:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_agent_unreachable_haproxy_balances_by_itself_without_waiting() {
+    let fleet = sim::fleet(ModelProfile::tiny(), &[1.0, 1.0, 1.0], |_| {}).await;
+    let gone = ports::refused();
+    let dir = tempfile::tempdir().expect("tmp");
+    let hx = haproxy(&fleet, gone.addr.port(), dir.path()).await;
+    let mut servers = BTreeSet::new();
+    let mut slowest = Duration::ZERO;
+    for n in 0..30 {
+        let (status, at, took) = send(&hx, ask(&document(n % 3), "q", 2)).await;
+        assert_eq!(status, 200, "fail-open: HAProxy's own balancing answers");
+        servers.insert(at);
+        slowest = slowest.max(took);
+    }
+    assert!(servers.len() >= 2, "leastconn spreads: {servers:?}");
+    // `timeout processing` is 50 ms: nothing waits much longer for an agent that is not there.
+    assert!(slowest < Duration::from_millis(1000), "slowest request {slowest:?}");
+}
