@@ -13,141 +13,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use llm_lc_testkit::bigip::{BigIpDouble, MemberSpec, PoolSpec, Role, UserSpec};
+use llm_lc_testkit::irule;
 use llm_lc_testkit::metrics_target::MetricsTarget;
 use llm_lc_testkit::{ports, wait};
 
 const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
 
-const DOUBLE: &str = r#"
-namespace eval static {}
-rename close tcl_close
-set ::now 0
-set ::connects 0
-set ::logs {}
-proc when { event args } { set ::handlers($event) [lindex $args end] }
-proc call { name args } { uplevel 1 [list $name {*}$args] }
-proc log { args } { lappend ::logs [lindex $args end] }
-# Each client connection is a namespace: iRule variables are per connection.
-proc fire { conn event } {
-    # RULE_INIT runs once for the rule, outside any connection.
-    if { $event eq "RULE_INIT" } { namespace eval :: $::handlers($event); return }
-    namespace eval ::conn$conn $::handlers($event)
-}
-
-# Options first, then positional arguments; returns {options positional}.
-proc split_opts { argv } {
-    set opts {}
-    set pos {}
-    set i 0
-    while { $i < [llength $argv] } {
-        set a [lindex $argv $i]
-        if { [lsearch -exact {-timeout -idle -status -protocol -subtable} $a] >= 0 } {
-            lappend opts $a [lindex $argv [incr i]]
-        } elseif { [lsearch -exact {-notouch -mustexist -peek -eol} $a] >= 0 } {
-            lappend opts $a 1
-        } else {
-            set pos [lrange $argv $i end]
-            break
-        }
-        incr i
-    }
-    return [list $opts $pos]
-}
-proc opt { opts name default } {
-    foreach {k v} $opts { if { $k eq $name } { return $v } }
-    return $default
-}
-
-# table: values with an absolute lifetime on ::now (timeouts are `indefinite` in the iRule).
-proc table { sub args } {
-    lassign [split_opts $args] opts pos
-    set st [opt $opts -subtable ""]
-    set key [lindex $pos 0]
-    set id "$st\x00$key"
-    if { [info exists ::tbl_exp($id)] && $::tbl_exp($id) ne "" && $::now >= $::tbl_exp($id) } {
-        unset ::tbl($id) ::tbl_exp($id)
-    }
-    switch -- $sub {
-        lookup { if { [info exists ::tbl($id)] } { return $::tbl($id) }; return "" }
-        add - set {
-            if { $sub eq "add" && [info exists ::tbl($id)] } { return $::tbl($id) }
-            set ::tbl($id) [lindex $pos 1]
-            set life [lindex $pos 3]
-            set ::tbl_exp($id) [expr { $life eq "" || $life eq "indefinite" ? "" : $::now + $life }]
-            return $::tbl($id)
-        }
-        incr {
-            set delta [expr { [llength $pos] > 1 ? [lindex $pos 1] : 1 }]
-            if { ![info exists ::tbl($id)] } { set ::tbl($id) 0; set ::tbl_exp($id) "" }
-            set ::tbl($id) [expr { $::tbl($id) + $delta }]
-            return $::tbl($id)
-        }
-    }
-    error "double: unsupported table $sub"
-}
-
-# Sideband over real sockets.
-proc connect { args } {
-    lassign [split_opts $args] opts pos
-    upvar 1 [opt $opts -status cs_unused] st
-    incr ::connects
-    set dest [lindex $pos 0]
-    set i [string last : $dest]
-    if { [catch { socket [string range $dest 0 [expr {$i - 1}]] [string range $dest [expr {$i + 1}] end] } s] } {
-        set st failed
-        return ""
-    }
-    fconfigure $s -translation binary -buffering none
-    set st connected
-    return $s
-}
-proc send { args } {
-    lassign [split_opts $args] opts pos
-    upvar 1 [opt $opts -status ss_unused] st
-    puts -nonewline [lindex $pos 0] [lindex $pos 1]
-    flush [lindex $pos 0]
-    set st sent
-    return [string length [lindex $pos 1]]
-}
-proc recv { args } {
-    lassign [split_opts $args] opts pos
-    upvar 1 [opt $opts -status rs_unused] st
-    upvar 1 [lindex $pos 2] out
-    set out [read [lindex $pos 1] [lindex $pos 0]]
-    set st closed
-    return [string length $out]
-}
-proc close { conn } { tcl_close $conn }
-
-namespace eval LB { proc server { what } { return $::cur_pool } }
-proc active_members { flag pool } { return $::active($pool) }
-proc pool { name args } { set ::picked [list $name {*}$args] }
-# BIG-IP's crc32 (the zlib one); HTTP::header value answers "" for a header the request lacks.
-proc crc32 { s } { return [zlib crc32 [encoding convertto utf-8 $s]] }
-set ::hdr {}
-namespace eval HTTP {
-    proc header { sub name } {
-        if { $sub ne "value" } { error "double: unsupported HTTP::header $sub" }
-        if { [dict exists $::hdr [string tolower $name]] } { return [dict get $::hdr [string tolower $name]] }
-        return ""
-    }
-}
-"#;
-
 /// Run the double, the iRule and `driver` in tclsh; its stdout.
 fn tclsh(driver: &str) -> String {
-    let irule = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/bigip/irule/sideband.tcl"),
-    )
-    .expect("read sideband.tcl");
-    let script = format!("{DOUBLE}\n{irule}\nfire 0 RULE_INIT\n{driver}\n");
-    // From a file: tclsh reading stdin carries on after an error and exits 0.
-    let dir = tempfile::tempdir().expect("tmp");
-    let path = dir.path().join("sideband-test.tcl");
-    std::fs::write(&path, script).expect("write script");
-    let out = Command::new("tclsh").arg(&path).output().expect("run tclsh (install the tcl package)");
-    assert!(out.status.success(), "tclsh failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    irule::tclsh(&Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/bigip/irule/sideband.tcl"), driver)
 }
 
 struct Controller {

@@ -10,6 +10,7 @@ pub mod bigip;
 pub mod controller;
 pub mod envoy;
 pub mod haproxy;
+pub mod irule;
 pub mod kube;
 pub mod llamacpp;
 pub mod load;
