@@ -125,13 +125,18 @@ async fn a_prompt_stays_home_spreads_when_home_saturates_and_a_client_header_ste
     let s = Setup::start().await;
     let envoy = s.envoy(s.epp_port, &[]).await;
     // Envoy health-checks the picker over gRPC health before it sends it anything.
-    wait::until(Duration::from_secs(15), "the picker healthy in Envoy", || async {
-        envoy
-            .stat("cluster.llm-load-controller-epp.health_check.success")
-            .await
-            .filter(|n| *n > 0)
-            .map(|_| ())
-    })
+    wait::until_or(
+        Duration::from_secs(15),
+        "the picker healthy in Envoy",
+        || async {
+            envoy
+                .stat("cluster.llm-load-controller-epp.health_check.success")
+                .await
+                .filter(|n| *n > 0)
+                .map(|_| ())
+        },
+        || format!("controller:\n{}\nenvoy:\n{}", s.controller.log(), envoy.log()),
+    )
     .await;
     let doc = document(0);
     let (status, home) = send(&envoy, ask(&doc, "first question", 2), &[]).await;
@@ -184,11 +189,14 @@ async fn traffic_reaches_only_the_endpoints_a_subset_hint_lists() {
             "          http_filters:\n          - name: envoy.filters.http.set_metadata\n            typed_config:\n              \"@type\": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config\n              metadata:\n              - metadata_namespace: envoy.lb.subset_hint\n                value: {{x-gateway-destination-endpoint-subset: [{list}]}}\n"
         )
     };
-    for subset in [vec![all[1].clone()], vec![all[0].clone(), all[2].clone()], all.clone()] {
+    for (case, subset) in
+        [vec![all[1].clone()], vec![all[0].clone(), all[2].clone()], all.clone()].into_iter().enumerate()
+    {
         let filter = hint(&subset);
         let envoy = s.envoy(s.epp_port, &[("          http_filters:\n", filter.as_str())]).await;
         let mut reached = BTreeSet::new();
-        for n in 0..12 {
+        // Documents of this case only: the picker remembers where earlier cases sent theirs.
+        for n in 100 * case..100 * case + 12 {
             let (status, at) = send(&envoy, ask(&document(n), "q", 2), &[]).await;
             assert_eq!(status, 200);
             reached.insert(at);

@@ -18,7 +18,7 @@
 //!   the request's load where it really went; the stream's end, however it ends, finishes it;
 //! - nobody to pick (no members yet): 503 as an immediate response.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -35,8 +35,6 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 use futures::Stream;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::pool::{Ask, NoPick, PoolPicker, Settle};
@@ -85,11 +83,33 @@ impl ExternalProcessor for Door {
         &self,
         req: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
-        let inbound = req.into_inner();
-        let (tx, rx) = mpsc::channel(16);
-        let exchange = Exchange::new(self.pool.clone(), self.counter.clone(), tx);
-        tokio::spawn(exchange.run(inbound));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        // The answers are produced as Envoy's messages are read, in the task that serves the
+        // stream: no task or channel of its own per request.
+        let exchange = Exchange::new(self.pool.clone(), self.counter.clone());
+        let answers = futures::stream::unfold(
+            (exchange, req.into_inner(), None::<Release>, false),
+            |(mut ex, mut inbound, mut release, mut over)| async move {
+                loop {
+                    if let Some(msg) = ex.out.pop_front() {
+                        return Some((Ok(msg), (ex, inbound, release, over)));
+                    }
+                    if over {
+                        // Dropping `release` here (or with the stream, if Envoy goes first)
+                        // settles the pick.
+                        return None;
+                    }
+                    match inbound.message().await {
+                        Ok(Some(m)) => over = !ex.handle(m),
+                        // The stream ended or broke: the request is over either way.
+                        Ok(None) | Err(_) => over = true,
+                    }
+                    if let (None, Some(id)) = (&release, ex.picked) {
+                        release = Some(Release(ex.pool.clone(), id));
+                    }
+                }
+            },
+        );
+        Ok(Response::new(Box::pin(answers)))
     }
 }
 
@@ -97,7 +117,8 @@ impl ExternalProcessor for Door {
 struct Exchange {
     pool: Arc<PoolPicker>,
     counter: PickCounter,
-    tx: mpsc::Sender<Out>,
+    /// Answers not yet sent, in order.
+    out: VecDeque<ProcessingResponse>,
     key: Option<Vec<u8>>,
     subset: Option<Vec<String>>,
     body: Vec<u8>,
@@ -131,11 +152,11 @@ impl Drop for Release {
 }
 
 impl Exchange {
-    fn new(pool: Arc<PoolPicker>, counter: PickCounter, tx: mpsc::Sender<Out>) -> Exchange {
+    fn new(pool: Arc<PoolPicker>, counter: PickCounter) -> Exchange {
         Exchange {
             pool,
             counter,
-            tx,
+            out: VecDeque::new(),
             key: None,
             subset: None,
             body: Vec::new(),
@@ -146,33 +167,16 @@ impl Exchange {
         }
     }
 
-    async fn run(mut self, mut inbound: Streaming<ProcessingRequest>) {
-        let mut release: Option<Release> = None;
-        loop {
-            let msg = match inbound.message().await {
-                Ok(Some(m)) => m,
-                // The stream ended or broke: the request is over either way.
-                Ok(None) | Err(_) => break,
-            };
-            let keep_going = self.handle(msg).await;
-            if let (None, Some(id)) = (&release, self.picked) {
-                release = Some(Release(self.pool.clone(), id));
-            }
-            if !keep_going {
-                break;
-            }
-        }
-        drop(release);
-    }
-
-    async fn send(&self, response: processing_response::Response, metadata: Option<Struct>) -> bool {
+    /// Queue an answer; `true` (the exchange goes on).
+    fn send(&mut self, response: processing_response::Response, metadata: Option<Struct>) -> bool {
         let msg =
             ProcessingResponse { response: Some(response), dynamic_metadata: metadata, ..Default::default() };
-        self.tx.send(Ok(msg)).await.is_ok()
+        self.out.push_back(msg);
+        true
     }
 
     /// One message from Envoy; `false` ends the exchange.
-    async fn handle(&mut self, msg: ProcessingRequest) -> bool {
+    fn handle(&mut self, msg: ProcessingRequest) -> bool {
         use processing_request::Request as In;
         if let Some(pc) = &msg.protocol_config {
             self.duplex = pc.request_body_mode == BodySendMode::FullDuplexStreamed as i32;
@@ -183,7 +187,7 @@ impl Exchange {
                 self.subset = subset_hint(msg.metadata_context.as_ref());
                 self.key = header(&h, KEY_HEADER).filter(|k| !k.is_empty());
                 if h.end_of_stream {
-                    return self.pick_and_answer(Then::NoBody).await;
+                    return self.pick_and_answer(Then::NoBody);
                 }
                 if self.duplex {
                     // Held: the answer goes once the body has ended.
@@ -191,34 +195,30 @@ impl Exchange {
                 } else {
                     // The body will come as one message and its answer carries the pick.
                     self.send(processing_response::Response::RequestHeaders(HeadersResponse::default()), None)
-                        .await
                 }
             }
             Some(In::RequestBody(b)) => {
                 if self.body.len() + b.body.len() > MAX_BODY {
-                    return self
-                        .immediate(
-                            StatusCode::PayloadTooLarge,
-                            "request body too large for the endpoint picker",
-                        )
-                        .await;
+                    return self.immediate(
+                        StatusCode::PayloadTooLarge,
+                        "request body too large for the endpoint picker",
+                    );
                 }
                 self.body.extend_from_slice(&b.body);
                 if !self.duplex {
-                    return self.pick_and_answer(Then::BodyEnds).await;
+                    return self.pick_and_answer(Then::BodyEnds);
                 }
                 if b.end_of_stream {
-                    return self.pick_and_answer(Then::BodyEnds).await;
+                    return self.pick_and_answer(Then::BodyEnds);
                 }
                 true
             }
             Some(In::RequestTrailers(_)) => {
                 // A body that ended with trailers: pick now, send the body on, then the trailers.
-                if !self.answered && !self.pick_and_answer(Then::TrailersFollow).await {
+                if !self.answered && !self.pick_and_answer(Then::TrailersFollow) {
                     return false;
                 }
                 self.send(processing_response::Response::RequestTrailers(TrailersResponse::default()), None)
-                    .await
             }
             Some(In::ResponseHeaders(_)) => {
                 if let Some(id) = self.picked {
@@ -230,16 +230,14 @@ impl Exchange {
                     self.pool.first_token(id);
                 }
                 self.send(processing_response::Response::ResponseHeaders(HeadersResponse::default()), None)
-                    .await
             }
             Some(In::ResponseBody(b)) => {
                 // Full duplex: what we send is what the client gets; echo each chunk at once.
                 let end = b.end_of_stream;
                 let ok = if self.response_duplex {
-                    self.stream_back(b.body, end, false).await
+                    self.stream_back(b.body, end, false)
                 } else {
                     self.send(processing_response::Response::ResponseBody(BodyResponse::default()), None)
-                        .await
                 };
                 if end {
                     if let Some(id) = self.picked {
@@ -250,7 +248,6 @@ impl Exchange {
             }
             Some(In::ResponseTrailers(_)) => {
                 self.send(processing_response::Response::ResponseTrailers(TrailersResponse::default()), None)
-                    .await
             }
             None => true,
         }
@@ -258,7 +255,7 @@ impl Exchange {
 
     /// Pick, then answer the held headers (full duplex) or the buffered body, and send the body
     /// back (full duplex) as `then` says.
-    async fn pick_and_answer(&mut self, then: Then) -> bool {
+    fn pick_and_answer(&mut self, then: Then) -> bool {
         let ask = Ask { body: &self.body, key: self.key.as_deref(), subset: self.subset.as_deref() };
         let pick = match self.pool.pick(ask, Settle::Tracked) {
             Ok(p) => p,
@@ -268,7 +265,7 @@ impl Exchange {
                     NoPick::NoMembers => "no endpoint to pick: the pool has no members yet",
                     NoPick::OutsideSubset => "no endpoint of the pool is in the subset hint",
                 };
-                return self.immediate(StatusCode::ServiceUnavailable, what).await;
+                return self.immediate(StatusCode::ServiceUnavailable, what);
             }
         };
         self.counter.count(&self.pool.name, "ext_proc", "picked");
@@ -293,23 +290,23 @@ impl Exchange {
         let metadata = lb_metadata(&value);
         if !self.duplex {
             let answer = processing_response::Response::RequestBody(BodyResponse { response: Some(common) });
-            return self.send(answer, Some(metadata)).await;
+            return self.send(answer, Some(metadata));
         }
         let answer =
             processing_response::Response::RequestHeaders(HeadersResponse { response: Some(common) });
-        if !self.send(answer, Some(metadata)).await {
+        if !self.send(answer, Some(metadata)) {
             return false;
         }
         let body = std::mem::take(&mut self.body);
         match then {
             Then::NoBody => true,
-            Then::BodyEnds => self.stream_back(body, true, true).await,
-            Then::TrailersFollow => body.is_empty() || self.stream_back(body, false, true).await,
+            Then::BodyEnds => self.stream_back(body, true, true),
+            Then::TrailersFollow => body.is_empty() || self.stream_back(body, false, true),
         }
     }
 
     /// Send `body` back in chunks, the last marked `end` when `end`.
-    async fn stream_back(&self, body: Vec<u8>, end: bool, request: bool) -> bool {
+    fn stream_back(&mut self, body: Vec<u8>, end: bool, request: bool) -> bool {
         let chunks: Vec<&[u8]> = if body.is_empty() { vec![&[][..]] } else { body.chunks(CHUNK).collect() };
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
@@ -330,14 +327,14 @@ impl Exchange {
             } else {
                 processing_response::Response::ResponseBody(answer)
             };
-            if !self.send(msg, None).await {
+            if !self.send(msg, None) {
                 return false;
             }
         }
         true
     }
 
-    async fn immediate(&mut self, code: StatusCode, message: &str) -> bool {
+    fn immediate(&mut self, code: StatusCode, message: &str) -> bool {
         let body = serde_json::to_vec(&serde_json::json!({"error": message})).unwrap_or_default();
         let answer = ImmediateResponse {
             status: Some(HttpStatus { code: code as i32 }),
@@ -355,7 +352,7 @@ impl Exchange {
             body,
             ..Default::default()
         };
-        self.send(processing_response::Response::ImmediateResponse(answer), None).await;
+        self.send(processing_response::Response::ImmediateResponse(answer), None);
         false
     }
 }

@@ -217,6 +217,11 @@ fn spawn_server(
     app: axum::Router,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
+    // No Nagle: an answer of a few hundred bytes otherwise waits for the peer's delayed ACK
+    // (measured: +43 ms per request through Envoy at one request at a time).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
             tracing::error!(error = %e, "picker door stopped");

@@ -52,13 +52,17 @@ pub struct BenchArgs {
     /// Serve only the backend on this address (what the bench starts as its own process).
     #[arg(long, hide = true)]
     pub backend_listen: Option<SocketAddr>,
+    /// Measure the controller's endpoint picker behind real Envoy (ext_proc) and HAProxy (SPOE)
+    /// against each alone, instead of the proxy against HAProxy (see `bench_doors`).
+    #[arg(long)]
+    pub doors: bool,
 }
 
 const BODY: &str =
     r#"{"model":"bench","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":200}"#;
 
 /// One SSE event in vLLM's chat-completion chunk shape.
-fn event(i: usize) -> String {
+pub(crate) fn event(i: usize) -> String {
     format!(
         "data: {{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"bench\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
     )
@@ -103,7 +107,7 @@ pub fn batch_cycle(n: usize) -> Vec<usize> {
     circuit
 }
 
-struct Kill(Child);
+pub(crate) struct Kill(pub(crate) Child);
 
 impl Drop for Kill {
     fn drop(&mut self) {
@@ -113,10 +117,10 @@ impl Drop for Kill {
 }
 
 /// A scratch directory removed on drop (tempfile is a dev-only dependency here).
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
-    fn new() -> anyhow::Result<TempDir> {
+    pub(crate) fn new() -> anyhow::Result<TempDir> {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -126,7 +130,7 @@ impl TempDir {
         Ok(TempDir(p))
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }
@@ -137,12 +141,12 @@ impl Drop for TempDir {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").context("cannot bind a free port")?;
     Ok(l.local_addr()?.port())
 }
 
-async fn wait_port(port: u16, what: &str) -> anyhow::Result<()> {
+pub(crate) async fn wait_port(port: u16, what: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(15);
     while Instant::now() < deadline {
         if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
@@ -153,7 +157,7 @@ async fn wait_port(port: u16, what: &str) -> anyhow::Result<()> {
     anyhow::bail!("{what} did not listen on 127.0.0.1:{port} within 15 s")
 }
 
-fn haproxy_bin() -> PathBuf {
+pub(crate) fn haproxy_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("HAPROXY_BIN") {
         return PathBuf::from(p);
     }
@@ -167,7 +171,12 @@ fn haproxy_bin() -> PathBuf {
 
 /// Send `n` requests to `url` at `concurrency`; each request's latency (None when it failed) and
 /// the wall time of the batch.
-async fn batch(client: &reqwest::Client, url: &str, n: usize, concurrency: usize) -> (Vec<Option<f64>>, f64) {
+pub(crate) async fn batch(
+    client: &reqwest::Client,
+    url: &str,
+    n: usize,
+    concurrency: usize,
+) -> (Vec<Option<f64>>, f64) {
     const DONE: &[u8] = b"data: [DONE]\n\n";
     let started = Instant::now();
     let results: Vec<Result<f64, String>> = futures::stream::iter(0..n)
@@ -205,7 +214,12 @@ async fn batch(client: &reqwest::Client, url: &str, n: usize, concurrency: usize
     (results.into_iter().map(Result::ok).collect(), started.elapsed().as_secs_f64())
 }
 
-fn summarize(name: &'static str, concurrency: usize, results: &[Option<f64>], busy_s: f64) -> Measured {
+pub(crate) fn summarize(
+    name: &'static str,
+    concurrency: usize,
+    results: &[Option<f64>],
+    busy_s: f64,
+) -> Measured {
     let mut ok: Vec<f64> = results.iter().flatten().copied().collect();
     ok.sort_by(|a, b| a.total_cmp(b));
     let pct = |q: f64| -> f64 {
@@ -234,16 +248,35 @@ async fn serve_backend(addr: SocketAddr, tokens: usize) -> anyhow::Result<()> {
         .map(|i| Bytes::from(event(i)))
         .chain(std::iter::once(Bytes::from_static(b"data: [DONE]\n\n")))
         .collect();
+    // In flight now, for a metrics page in vLLM's names (the controller's picker reads it in
+    // `proxy bench --doors`).
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let page_running = running.clone();
     let app = Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let n = page_running.load(std::sync::atomic::Ordering::Relaxed).max(0);
+            async move {
+                format!("vllm:num_requests_waiting 0\nvllm:num_requests_running {n}\nvllm:kv_cache_usage_perc 0.1\n")
+            }
+        }),
+    );
+    let app = app.route(
         "/v1/chat/completions",
         post(move || {
             let events = events.clone();
+            let running = running.clone();
             async move {
+                running.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let done = Done(running);
                 // One write per event, as a model server streams tokens (yielding between events
                 // makes hyper flush each one instead of batching the whole answer).
-                let s = futures::stream::iter(events).then(|e| async move {
-                    tokio::task::yield_now().await;
-                    Ok::<_, std::io::Error>(e)
+                let s = futures::stream::iter(events).then(move |e| {
+                    let _held = &done;
+                    async move {
+                        tokio::task::yield_now().await;
+                        Ok::<_, std::io::Error>(e)
+                    }
                 });
                 ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(s))
             }
@@ -255,6 +288,15 @@ async fn serve_backend(addr: SocketAddr, tokens: usize) -> anyhow::Result<()> {
     });
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+/// Counts a response out of the in-flight gauge when its stream is dropped (ended or cut).
+struct Done(std::sync::Arc<std::sync::atomic::AtomicI64>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Run the benchmark and print (and optionally write) the table.
@@ -284,6 +326,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot start {} proxy bench --backend-listen", exe.display()))?,
     );
     wait_port(bport, "the backend").await?;
+    if args.doors {
+        let (results, picks) = super::bench_doors::run(&args, &exe, dir.path(), backend_addr).await?;
+        drop(backend);
+        let text = super::bench_doors::report(&results, &args, &picks);
+        print!("{text}");
+        if let Some(out) = &args.out {
+            std::fs::write(out, &text).with_context(|| format!("cannot write {}", out.display()))?;
+        }
+        return Ok(());
+    }
 
     // The proxy, as its own process like HAProxy.
     let (pport, aport, hport) = (free_port()?, free_port()?, free_port()?);
@@ -474,6 +526,7 @@ mod tests {
             batch: 100,
             out: None,
             backend_listen: None,
+            doors: false,
         };
         let r = report(
             &[

@@ -21,6 +21,7 @@
 
 pub mod admin;
 pub mod bench;
+pub mod bench_doors;
 pub mod bigip;
 pub mod body;
 pub mod config;
