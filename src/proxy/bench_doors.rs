@@ -299,7 +299,7 @@ mod tests {
             "          - name: envoy.filters.http.router",
             "x"
         )
-        .is_ok_and(|c| !c.contains("ext_proc.v3.ExternalProcessor") && c.contains("override_host")));
+        .is_ok_and(|c| !c.contains("envoy.filters.http.ext_proc") && c.contains("override_host")));
         for pattern in [
             "bind *:8080",
             "llm-load-controller:9005",
