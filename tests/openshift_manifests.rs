@@ -24,7 +24,7 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_llm-load-controller");
 const NS: &str = "llm-load-controller";
-const OVERLAYS: [&str; 3] = ["bigip", "haproxy", "envoy"];
+const OVERLAYS: [&str; 4] = ["bigip", "haproxy", "envoy", "epp"];
 const SA_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
 fn root() -> PathBuf {
@@ -242,6 +242,8 @@ enum Obj {
     Hpa(Box<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>),
     ScaledObject(Box<ScaledObject>),
     TriggerAuthentication(Box<TriggerAuthentication>),
+    /// The Gateway API Inference Extension's pool (its CRD is not in k8s-openapi): checked as JSON.
+    InferencePool(Box<Value>),
 }
 
 fn validate(doc: &Value, origin: &str) -> Obj {
@@ -268,6 +270,26 @@ fn validate(doc: &Value, origin: &str) -> Obj {
             let r: Box<PrometheusRule> = typed(doc, &o);
             check_rules(&r, &o);
             Obj::PrometheusRule(r)
+        }
+        ("inference.networking.k8s.io/v1", "InferencePool") => {
+            let spec = &doc["spec"];
+            let picker = &spec["endpointPickerRef"];
+            assert!(picker["name"].as_str().is_some_and(|n| !n.is_empty()), "{o}: endpointPickerRef.name");
+            assert_eq!(picker["kind"], "Service", "{o}: the picker is a Service");
+            assert!(
+                picker["port"]["number"].as_u64().is_some_and(|p| p > 0 && p < 65536),
+                "{o}: picker port"
+            );
+            assert!(
+                matches!(picker["failureMode"].as_str(), None | Some("FailOpen") | Some("FailClose")),
+                "{o}: failureMode"
+            );
+            assert!(
+                spec["selector"]["matchLabels"].as_object().is_some_and(|m| !m.is_empty()),
+                "{o}: selector"
+            );
+            assert!(spec["targetPorts"].as_array().is_some_and(|p| !p.is_empty()), "{o}: targetPorts");
+            Obj::InferencePool(Box::new(doc.clone()))
         }
         _ => panic!("{o}: unexpected kind; add it to this test's validation"),
     }
@@ -470,8 +492,32 @@ fn each_overlay_renders_to_a_consistent_restricted_deployment() {
     }
 }
 
+/// The namespace an overlay deploys into: the endpoint picker joins the model's namespace (an
+/// InferencePool names its picker's Service in its own namespace); the others have their own.
+fn namespace_of(overlay: &str) -> &'static str {
+    if overlay == "epp" {
+        "llm-serving"
+    } else {
+        NS
+    }
+}
+
+/// The endpoint picker's Role (and binding) to read its InferencePool and pods.
+fn is_pool_reader(m: &ObjectMeta) -> bool {
+    m.name.as_deref().is_some_and(|n| n.ends_with("-inference-pools"))
+}
+
 fn check_overlay(o: &str, objs: &[Obj]) {
     let find = |f: &dyn Fn(&Obj) -> bool| objs.iter().filter(|x| f(x)).count();
+    let epp = o == "epp";
+    let ns = namespace_of(o);
+    // The endpoint picker's overlay: no Namespace of its own, and a Role (and binding) to read
+    // its InferencePool's pods besides the Lease's.
+    let expected = |kind: &str| match kind {
+        "Namespace" if epp => 0,
+        "Role" | "RoleBinding" if epp => 2,
+        _ => 1,
+    };
     for kind in [
         "Namespace",
         "ServiceAccount",
@@ -487,8 +533,8 @@ fn check_overlay(o: &str, objs: &[Obj]) {
     ] {
         assert_eq!(
             find(&|x| format!("{x:?}").starts_with(&format!("{kind}("))),
-            1,
-            "{o}: exactly one {kind}"
+            expected(kind),
+            "{o}: how many {kind}"
         );
     }
     let mut dep = None;
@@ -501,11 +547,11 @@ fn check_overlay(o: &str, objs: &[Obj]) {
             if cluster {
                 assert!(m.namespace.is_none(), "{o}: cluster-scoped {:?} has a namespace", m.name);
             } else {
-                assert_eq!(m.namespace.as_deref(), Some(NS), "{o}: {:?} in the wrong namespace", m.name);
+                assert_eq!(m.namespace.as_deref(), Some(ns), "{o}: {:?} in the wrong namespace", m.name);
             }
         };
         match x {
-            Obj::Namespace(n) => assert_eq!(n.metadata.name.as_deref(), Some(NS)),
+            Obj::Namespace(n) => assert_eq!(n.metadata.name.as_deref(), Some(ns)),
             Obj::ServiceAccount(s) => {
                 meta_ns(&s.metadata, false);
                 sa = Some(s.metadata.name.clone().expect("name"));
@@ -522,6 +568,26 @@ fn check_overlay(o: &str, objs: &[Obj]) {
             Obj::Deployment(d) => {
                 meta_ns(&d.metadata, false);
                 dep = Some(d.as_ref());
+            }
+            Obj::Role(r) if is_pool_reader(&r.metadata) => {
+                meta_ns(&r.metadata, false);
+                let rules = r.rules.as_deref().unwrap_or_default();
+                let grants = |group: &str, res: &str, verb: &str| {
+                    rules.iter().any(|x| {
+                        x.api_groups.as_ref().is_some_and(|g| g.iter().any(|g| g == group))
+                            && x.resources.as_ref().is_some_and(|r| r.iter().any(|r| r == res))
+                            && x.verbs.iter().any(|v| v == verb)
+                    })
+                };
+                assert!(
+                    grants("inference.networking.k8s.io", "inferencepools", "get"),
+                    "{o}: InferencePool RBAC"
+                );
+                assert!(grants("", "pods", "list"), "{o}: Pod RBAC");
+            }
+            Obj::RoleBinding(r) if is_pool_reader(&r.metadata) => {
+                meta_ns(&r.metadata, false);
+                assert_eq!(r.role_ref.name, "llm-load-controller-inference-pools");
             }
             Obj::Role(r) => {
                 meta_ns(&r.metadata, false);
@@ -554,6 +620,7 @@ fn check_overlay(o: &str, objs: &[Obj]) {
             Obj::Hpa(_) | Obj::ScaledObject(_) | Obj::TriggerAuthentication(_) => {
                 panic!("{o}: autoscaling belongs to the model's namespace, not to the controller's overlays")
             }
+            Obj::InferencePool(_) => panic!("{o}: an InferencePool belongs to whoever serves the model"),
         }
     }
     let (dep, svc, sm, pdb, np, role, crb, rb, sa) = (
@@ -725,7 +792,7 @@ fn check_overlay(o: &str, objs: &[Obj]) {
     assert!(!allows("delete", false) && !allows("list", false), "{o}: Lease RBAC wider than needed");
     let bound = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
         subjects.as_ref().is_some_and(|s| {
-            s.iter().any(|s| s.kind == "ServiceAccount" && s.name == sa && s.namespace.as_deref() == Some(NS))
+            s.iter().any(|s| s.kind == "ServiceAccount" && s.name == sa && s.namespace.as_deref() == Some(ns))
         })
     };
     assert_eq!(rb.role_ref.name, role.metadata.name.clone().expect("role name"));
