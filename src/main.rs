@@ -43,6 +43,9 @@ enum Command {
         #[arg(long)]
         offline: bool,
     },
+    /// Helpers for the endpoint picker's doors.
+    #[command(subcommand)]
+    Picker(PickerCommand),
     /// Run a simulated vLLM fleet (OpenAI API + vLLM metrics).
     #[cfg(feature = "tools")]
     Sim(llm_lc_sim::SimArgs),
@@ -55,6 +58,23 @@ enum Command {
     /// Live demonstration on a simulated fleet: round robin, then dynamic ratios, then a spike.
     #[cfg(feature = "tools")]
     Demo(llm_lc_demo::DemoArgs),
+}
+
+#[derive(Subcommand)]
+enum PickerCommand {
+    /// Print one `use-server` rule per server of an HAProxy backend, following the SPOE agent's
+    /// answer (for HAProxy before 2.6.12, whose `use-server` takes literal names only).
+    HaproxyRules {
+        /// HAProxy's runtime API (a `stats socket` line's address: unix:/path or host:port).
+        #[arg(long)]
+        runtime: String,
+        /// The backend the rules go in.
+        #[arg(long)]
+        backend: String,
+        /// The SPOE agent's `option var-prefix`.
+        #[arg(long, default_value = "llmlc")]
+        var_prefix: String,
+    },
 }
 
 /// `run`'s flags. Every common flag also reads an `LLMLC_*` environment variable (the flag wins);
@@ -173,6 +193,18 @@ async fn command(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Check { config, offline } => check(&config, offline).await,
         Command::Run(args) => run(args).await,
+        Command::Picker(PickerCommand::HaproxyRules { runtime, backend, var_prefix }) => {
+            match llm_load_controller::picker::rules::haproxy_rules(&runtime, &backend, &var_prefix).await {
+                Ok(rules) => {
+                    print!("{rules}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         #[cfg(feature = "tools")]
         Command::Sim(args) => {
             init_logging(LogFormat::Text);

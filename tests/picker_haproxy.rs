@@ -159,3 +159,39 @@ async fn with_the_agent_unreachable_haproxy_balances_by_itself_without_waiting()
     // `timeout processing` is 50 ms: nothing waits much longer for an agent that is not there.
     assert!(slowest < Duration::from_millis(1000), "slowest request {slowest:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_static_rules_command_prints_a_valid_rule_per_server() {
+    let fleet = sim::fleet(ModelProfile::tiny(), &[1.0, 1.0, 1.0], |_| {}).await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let hx = haproxy(&fleet, ports::free_port(), dir.path()).await;
+    let out = std::process::Command::new(bin())
+        .args(["picker", "haproxy-rules", "--runtime", &hx.runtime_tcp_address(), "--backend", "llm"])
+        .output()
+        .expect("run the command");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rules = String::from_utf8_lossy(&out.stdout).to_string();
+    for s in ["vllm-0", "vllm-1", "vllm-2"] {
+        assert!(rules.contains(&format!("use-server {s} if {{ var(txn.llmlc.srv) -m str {s} }}")), "{rules}");
+    }
+    // The rules in place of the shipped dynamic one: HAProxy accepts the config.
+    let cfg = hx
+        .config()
+        .replace("    use-server %[var(txn.llmlc.srv)] if { var(txn.llmlc.srv) -m found }\n", &rules);
+    assert_ne!(cfg, hx.config(), "the shipped rule was replaced");
+    let path = dir.path().join("static-rules.cfg");
+    std::fs::write(&path, cfg).expect("write");
+    let check = std::process::Command::new(llm_lc_testkit::haproxy::binary())
+        .arg("-c")
+        .arg("-f")
+        .arg(&path)
+        .output()
+        .expect("haproxy -c");
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+    // A backend that is not there is an error, not an empty list.
+    let bad = std::process::Command::new(bin())
+        .args(["picker", "haproxy-rules", "--runtime", &hx.runtime_tcp_address(), "--backend", "nope"])
+        .output()
+        .expect("run the command");
+    assert_eq!(bad.status.code(), Some(2));
+}

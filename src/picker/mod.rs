@@ -18,6 +18,7 @@ pub mod ext_proc;
 pub mod http;
 pub mod pool;
 pub mod refresh;
+pub mod rules;
 pub mod spoe;
 
 use std::collections::BTreeMap;
