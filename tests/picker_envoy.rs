@@ -14,15 +14,13 @@ use std::time::Duration;
 
 use llm_lc_sim::{Fleet, ModelProfile};
 use llm_lc_testkit::controller::Running;
-use llm_lc_testkit::envoy::{rewrite, Envoy};
+use llm_lc_testkit::envoy::Envoy;
 use llm_lc_testkit::{ports, sim, wait};
 use serde_json::json;
 
 fn bin() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_BIN_EXE_llm-load-controller"))
 }
-
-const SHIPPED: &str = include_str!("../deploy/envoy/envoy-epp.yaml");
 
 /// The response header the test bootstrap adds: where Envoy sent the request.
 const UPSTREAM: &str = "x-upstream";
@@ -51,24 +49,9 @@ impl Setup {
     }
 
     /// The shipped bootstrap on free ports, asking the picker at `epp_port`, with `extra`
-    /// replacements (a filter before ext_proc, say).
+    /// replacements (a filter before ext_proc, say); returns once Envoy has every server.
     async fn envoy(&self, epp_port: u16, extra: &[(&str, &str)]) -> Envoy {
-        let eds = format!("address: 127.0.0.1, port_value: {}", self.controller.listen());
-        let epp = format!("address: 127.0.0.1, port_value: {epp_port}");
-        let mut pairs: Vec<(&str, &str)> = vec![
-            ("address: 127.0.0.1, port_value: 9901", "address: 127.0.0.1, port_value: 0"),
-            ("address: 0.0.0.0, port_value: 10000", "address: 127.0.0.1, port_value: 0"),
-            ("address: llm-load-controller, port_value: 9090", &eds),
-            ("address: llm-load-controller, port_value: 9002", &epp),
-            ("refresh_delay: 2s", "refresh_delay: 1s"),
-            (
-                "              domains: [\"*\"]\n",
-                "              domains: [\"*\"]\n              response_headers_to_add: [{header: {key: x-upstream, value: \"%UPSTREAM_REMOTE_ADDRESS%\"}}]\n",
-            ),
-        ];
-        pairs.extend_from_slice(extra);
-        let envoy = Envoy::start(&rewrite(SHIPPED, &pairs)).await;
-        envoy.wait_ready(Duration::from_secs(20)).await;
+        let envoy = Envoy::start_shipped_epp(self.controller.listen(), epp_port, extra).await;
         let want = self.fleet.len();
         wait::until_or(
             Duration::from_secs(20),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use llm_lc_sim::{Fleet, ModelProfile};
 use llm_lc_testkit::controller::Running;
-use llm_lc_testkit::haproxy::{wait_all_up, Haproxy};
+use llm_lc_testkit::haproxy::{start_shipped_spoe, Haproxy};
 use llm_lc_testkit::{ports, sim, wait};
 use serde_json::json;
 
@@ -18,36 +18,9 @@ fn bin() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_BIN_EXE_llm-load-controller"))
 }
 
-const SHIPPED: &str = include_str!("../deploy/haproxy/haproxy-spoe.cfg");
-const SHIPPED_SPOE: &str = include_str!("../deploy/haproxy/spoe-picker.conf");
-const SHIPPED_SERVERS: [&str; 3] = ["10.0.0.11:8000", "10.0.0.12:8000", "10.0.0.13:8000"];
-
-/// The shipped pair on loopback: servers at `fleet`, the agent at `agent_port`; the answer names
-/// the server that took the request (`x-upstream`).
 async fn haproxy(fleet: &Fleet, agent_port: u16, spoe_dir: &std::path::Path) -> Haproxy {
-    let spoe_path = spoe_dir.join("spoe-picker.conf");
-    std::fs::write(&spoe_path, SHIPPED_SPOE).expect("write spoe-picker.conf");
-    let mut cfg = SHIPPED.to_string();
-    let agent = format!("127.0.0.1:{agent_port}");
-    let spoe = spoe_path.display().to_string();
-    for (from, to) in [
-        ("bind *:8080", "bind 127.0.0.1:{{PORT:fe}}"),
-        ("stats socket ipv4@0.0.0.0:9999 level admin", "{{STATS_SOCKETS}}"),
-        ("log stdout format raw local0 info", "nbthread 1"),
-        ("check inter 2s", "check inter 100ms"),
-        ("llm-load-controller:9005", agent.as_str()),
-        ("/etc/haproxy/spoe-picker.conf", spoe.as_str()),
-        ("    balance leastconn\n", "    balance leastconn\n    http-response set-header x-upstream %s\n"),
-    ] {
-        assert!(cfg.contains(from), "{from:?} not in the shipped haproxy-spoe.cfg");
-        cfg = cfg.replace(from, to);
-    }
-    for (shipped, local) in SHIPPED_SERVERS.iter().zip(fleet.addrs()) {
-        cfg = cfg.replace(shipped, &local.to_string());
-    }
-    let hx = Haproxy::start(&cfg).await;
-    wait_all_up(&hx, "llm", &["vllm-0", "vllm-1", "vllm-2"]).await;
-    hx
+    let members: Vec<String> = fleet.addrs().iter().map(|a| a.to_string()).collect();
+    start_shipped_spoe(&members, agent_port, spoe_dir, "llm").await
 }
 
 fn controller(fleet: &Fleet, hx: &Haproxy, agent_port: u16) -> Running {

@@ -211,6 +211,51 @@ impl Envoy {
         .await
     }
 
+    /// `deploy/envoy/envoy-epp.yaml` as shipped, on free loopback ports, polling the controller's
+    /// EDS on `127.0.0.1:controller_port` every second and asking the picker at
+    /// `127.0.0.1:epp_port`, each answer naming the upstream that took it (`x-upstream`), with
+    /// `extra` replacements on top; returns once Envoy is LIVE.
+    pub async fn start_shipped_epp(controller_port: u16, epp_port: u16, extra: &[(&str, &str)]) -> Envoy {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/envoy/envoy-epp.yaml");
+        let shipped = std::fs::read_to_string(&path).expect("shipped bootstrap");
+        let eds = format!("address: 127.0.0.1, port_value: {controller_port}");
+        let epp = format!("address: 127.0.0.1, port_value: {epp_port}");
+        let mut pairs: Vec<(&str, &str)> = vec![
+            ("address: 127.0.0.1, port_value: 9901", "address: 127.0.0.1, port_value: 0"),
+            ("address: 0.0.0.0, port_value: 10000", "address: 127.0.0.1, port_value: 0"),
+            ("address: llm-load-controller, port_value: 9090", &eds),
+            ("address: llm-load-controller, port_value: 9002", &epp),
+            ("refresh_delay: 2s", "refresh_delay: 1s"),
+            ("              domains: [\"*\"]\n", UPSTREAM_HEADER_DOMAINS),
+        ];
+        pairs.extend_from_slice(extra);
+        let envoy = Envoy::start(&rewrite(&shipped, &pairs)).await;
+        envoy.wait_ready(Duration::from_secs(20)).await;
+        envoy
+    }
+
+    /// `deploy/envoy/envoy-eds-ring-hash.yaml` as shipped, on free loopback ports, polling the
+    /// controller's EDS on `127.0.0.1:controller_port` every second, each answer naming its
+    /// upstream (`x-upstream`); returns once Envoy is LIVE.
+    pub async fn start_shipped_ring_hash(controller_port: u16) -> Envoy {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/envoy/envoy-eds-ring-hash.yaml");
+        let shipped = std::fs::read_to_string(&path).expect("shipped bootstrap");
+        let eds = format!("address: 127.0.0.1, port_value: {controller_port}");
+        let envoy = Envoy::start(&rewrite(
+            &shipped,
+            &[
+                ("address: 127.0.0.1, port_value: 9901", "address: 127.0.0.1, port_value: 0"),
+                ("address: 0.0.0.0, port_value: 10000", "address: 127.0.0.1, port_value: 0"),
+                ("address: llm-load-controller, port_value: 9090", &eds),
+                ("refresh_delay: 2s", "refresh_delay: 1s"),
+                ("              domains: [\"*\"]\n", UPSTREAM_HEADER_DOMAINS),
+            ],
+        ))
+        .await;
+        envoy.wait_ready(Duration::from_secs(20)).await;
+        envoy
+    }
+
     /// One field of each host Envoy has in `cluster`, `ip:port` -> value (from
     /// `/clusters?format=json`). `None` when Envoy does not know the cluster.
     async fn hosts(
@@ -298,6 +343,10 @@ impl Drop for Envoy {
         }
     }
 }
+
+/// A virtual host's `domains` line followed by a response header naming the upstream that took
+/// the request (`x-upstream`), for tests that need to see where requests went.
+const UPSTREAM_HEADER_DOMAINS: &str = "              domains: [\"*\"]\n              response_headers_to_add: [{header: {key: x-upstream, value: \"%UPSTREAM_REMOTE_ADDRESS%\"}}]\n";
 
 /// An axum router served on a free loopback port until dropped.
 pub struct Served {

@@ -72,6 +72,42 @@ pub fn with_body_key(cfg: &str, bytes: usize) -> String {
         .replace("bytes(0,512)", &format!("bytes(0,{bytes})"))
 }
 
+/// deploy/haproxy/haproxy-spoe.cfg with its spoe-picker.conf (written into `spoe_dir`, the message's
+/// pool renamed `pool`) over three `members`, the agent at `127.0.0.1:agent_port`, the frontend on
+/// `{{PORT:fe}}`, the launcher's sockets, health checks every 100 ms, and every answer naming the
+/// server that took it (`x-upstream`); returns once every server is UP. Panics if the shipped files
+/// changed so that a rewrite no longer applies.
+pub async fn start_shipped_spoe(members: &[String], agent_port: u16, spoe_dir: &Path, pool: &str) -> Haproxy {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/haproxy");
+    let read = |f: &str| std::fs::read_to_string(root.join(f)).unwrap_or_else(|e| panic!("read {f}: {e}"));
+    let spoe_conf = read("spoe-picker.conf");
+    assert!(spoe_conf.contains("pool=str(llm)"), "spoe-picker.conf changed");
+    let spoe_path = spoe_dir.join("spoe-picker.conf");
+    std::fs::write(&spoe_path, spoe_conf.replace("pool=str(llm)", &format!("pool=str({pool})")))
+        .expect("write spoe-picker.conf");
+    let mut cfg = read("haproxy-spoe.cfg");
+    let agent = format!("127.0.0.1:{agent_port}");
+    let spoe = spoe_path.display().to_string();
+    for (from, to) in [
+        ("bind *:8080", "bind 127.0.0.1:{{PORT:fe}}"),
+        ("stats socket ipv4@0.0.0.0:9999 level admin", "{{STATS_SOCKETS}}"),
+        ("log stdout format raw local0 info", "nbthread 1"),
+        ("check inter 2s", "check inter 100ms"),
+        ("llm-load-controller:9005", agent.as_str()),
+        ("/etc/haproxy/spoe-picker.conf", spoe.as_str()),
+        ("    balance leastconn\n", "    balance leastconn\n    http-response set-header x-upstream %s\n"),
+    ] {
+        assert!(cfg.contains(from), "{from:?} not in the shipped haproxy-spoe.cfg");
+        cfg = cfg.replace(from, to);
+    }
+    for (shipped, local) in SHIPPED_SERVERS.iter().zip(members) {
+        cfg = cfg.replace(shipped, local);
+    }
+    let hx = Haproxy::start(&cfg).await;
+    wait_all_up(&hx, "llm", &["vllm-0", "vllm-1", "vllm-2"]).await;
+    hx
+}
+
 /// Which way a prefix-affinity measurement sends its requests through [`prefix_pair`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefixLb {

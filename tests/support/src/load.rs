@@ -140,18 +140,32 @@ pub async fn closed_loop_of(
     duration: Duration,
     body: impl Fn(usize, u64) -> serde_json::Value + Send + Sync + 'static,
 ) -> LoadStats {
+    closed_loop_keyed(base_url, clients, duration, body, |_, _| None).await
+}
+
+/// [`closed_loop_of`] where request `n` of client `c` may carry a prefix key header
+/// (`x-llm-prefix-key: key(c, n)`), as a client that knows its session sends it.
+pub async fn closed_loop_keyed(
+    base_url: &str,
+    clients: usize,
+    duration: Duration,
+    body: impl Fn(usize, u64) -> serde_json::Value + Send + Sync + 'static,
+    key: impl Fn(usize, u64) -> Option<String> + Send + Sync + 'static,
+) -> LoadStats {
     let client = load_client();
     let body = std::sync::Arc::new(body);
+    let key = std::sync::Arc::new(key);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
-        let (client, url, body) = (client.clone(), format!("{base_url}/v1/completions"), body.clone());
+        let (client, url, body, key) =
+            (client.clone(), format!("{base_url}/v1/completions"), body.clone(), key.clone());
         tasks.push(tokio::spawn(async move {
             let mut stats = LoadStats::default();
             let mut n = 0u64;
             while start.elapsed() < duration {
                 n += 1;
-                stats.record(one_stream(&client, &url, &body(c, n)).await);
+                stats.record(one_stream(&client, &url, &body(c, n), key(c, n).as_deref()).await);
             }
             stats
         }));
@@ -221,7 +235,7 @@ pub async fn open_loop_of(
     for (n, due) in schedule.into_iter().enumerate() {
         tokio::time::sleep_until((start + due).into()).await;
         let (client, url, body) = (client.clone(), format!("{base_url}/v1/completions"), body(n as u64));
-        tasks.push(tokio::spawn(async move { one_stream(&client, &url, &body).await }));
+        tasks.push(tokio::spawn(async move { one_stream(&client, &url, &body, None).await }));
     }
     let mut all = LoadStats::default();
     for t in tasks {
@@ -262,9 +276,14 @@ async fn one_stream(
     client: &reqwest::Client,
     url: &str,
     body: &serde_json::Value,
+    key: Option<&str>,
 ) -> Result<(Duration, usize), String> {
     let sent = Instant::now();
-    let mut resp = client.post(url).json(body).send().await.map_err(|e| format!("send: {e}"))?;
+    let mut req = client.post(url).json(body);
+    if let Some(k) = key {
+        req = req.header("x-llm-prefix-key", k);
+    }
+    let mut resp = req.send().await.map_err(|e| format!("send: {e}"))?;
     if !resp.status().is_success() {
         let status = resp.status();
         return Err(format!("HTTP {status}: {}", resp.text().await.unwrap_or_default()));
