@@ -33,15 +33,26 @@ struct Setup {
 
 impl Setup {
     async fn start() -> Setup {
-        Setup::start_with(ModelProfile::tiny()).await
+        Setup::start_with(ModelProfile::tiny(), "").await
     }
 
-    async fn start_with(profile: ModelProfile) -> Setup {
+    /// The ext_proc door over TLS (`tls` as flow-mapping entries of `picker.tls`).
+    async fn start_tls(tls: &str) -> Setup {
+        Setup::start_configured(ModelProfile::tiny(), "", &format!(", tls: {{ {tls} }}")).await
+    }
+
+    /// `settings`: the picker's, as flow-mapping entries (`saturation_tokens: 50`).
+    async fn start_with(profile: ModelProfile, settings: &str) -> Setup {
+        Setup::start_configured(profile, settings, "").await
+    }
+
+    /// `more`: further entries of the `picker` mapping, each after a comma.
+    async fn start_configured(profile: ModelProfile, settings: &str, more: &str) -> Setup {
         let fleet = sim::fleet(profile, &[1.0, 1.0, 1.0], |_| {}).await;
         let members: Vec<String> = fleet.addrs().iter().map(|a| format!("'{a}'")).collect();
         let (epp_port, health_port) = (ports::free_port(), ports::free_port());
         let body = format!(
-            "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: [{}] }}\n    sink: {{ kind: envoy, cluster: vllm }}\n    picker: {{ ext_proc: '127.0.0.1:{epp_port}', health: '127.0.0.1:{health_port}', refresh: 50ms }}\n",
+            "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: [{}] }}\n    sink: {{ kind: envoy, cluster: vllm }}\n    picker: {{ ext_proc: '127.0.0.1:{epp_port}', health: '127.0.0.1:{health_port}', refresh: 50ms, settings: {{ {settings} }}{more} }}\n",
             members.join(", ")
         );
         let controller = Running::start(bin(), "1s", &body);
@@ -229,7 +240,7 @@ async fn the_protocols_full_duplex_mode_carries_bodies_both_ways_and_keeps_a_pro
     let mut profile = ModelProfile::tiny();
     profile.max_model_len = 65_536;
     profile.num_gpu_blocks = 8192;
-    let s = Setup::start_with(profile).await;
+    let s = Setup::start_with(profile, "").await;
     // The extension's reference processing mode: bodies streamed through the picker both ways.
     let duplex = "              processing_mode:\n                request_header_mode: SEND\n                response_header_mode: SEND\n                request_body_mode: FULL_DUPLEX_STREAMED\n                response_body_mode: FULL_DUPLEX_STREAMED\n                request_trailer_mode: SEND\n                response_trailer_mode: SEND\n";
     let shipped = "              processing_mode:\n                request_header_mode: SEND\n                response_header_mode: SEND\n                request_body_mode: BUFFERED\n                response_body_mode: NONE\n                request_trailer_mode: SKIP\n                response_trailer_mode: SKIP\n";
@@ -259,4 +270,92 @@ async fn the_protocols_full_duplex_mode_carries_bodies_both_ways_and_keeps_a_pro
         }
         assert_eq!(home.get_or_insert_with(|| at.clone()), &at, "the prompt stays home");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sheddable_request_is_refused_with_429_while_every_server_is_saturated() {
+    // Saturated here means more than 50 prompt tokens waiting per server: a queue of long requests.
+    let s = Setup::start_with(ModelProfile::tiny(), "saturation_tokens: 50").await;
+    let envoy = s.envoy(s.epp_port, &[]).await;
+    let sheddable = [("x-criticality", "sheddable")];
+    let (status, _) = send(&envoy, ask(&document(0), "idle", 2), &sheddable).await;
+    assert_eq!(status, 200, "an idle pool takes a sheddable request");
+    // 40 long requests at once: 8 run on each server, the rest wait.
+    let flood =
+        futures::future::join_all((0..40).map(|i| send(&envoy, ask(&document(100 + i), "long", 300), &[])));
+    let probe = async {
+        wait::until_or(
+            Duration::from_secs(10),
+            "a sheddable request refused",
+            || async {
+                (send(&envoy, ask(&document(7), "may I", 2), &sheddable).await.0 == 429).then_some(())
+            },
+            || s.controller.log(),
+        )
+        .await;
+        // Meanwhile a standard request is still placed.
+        send(&envoy, ask(&document(8), "standard", 2), &[]).await.0
+    };
+    let (done, standard) = tokio::join!(flood, probe);
+    assert_eq!(standard, 200, "only sheddable requests are refused");
+    assert!(done.iter().all(|(status, _)| *status == 200), "the long requests all answered");
+    assert!(picker_metric(&s.controller, "outcome=\"shed\"").await >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_picker_serves_envoy_over_tls_from_pem_files() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=llm-load-controller",
+            "-addext",
+            "subjectAltName=DNS:llm-load-controller,IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let tls = format!("cert_file: '{}', key_file: '{}'", cert.display(), key.display());
+    let s = Setup::start_tls(&tls).await;
+    let transport = format!(
+        "    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        sni: llm-load-controller\n        common_tls_context:\n          alpn_protocols: [h2]\n          validation_context: {{trusted_ca: {{filename: '{}'}}}}\n    health_checks:\n    - timeout: 1s\n",
+        cert.display()
+    );
+    let envoy = s.envoy(s.epp_port, &[("    health_checks:\n    - timeout: 1s\n", transport.as_str())]).await;
+    wait::until_or(
+        Duration::from_secs(15),
+        "the picker healthy in Envoy over TLS",
+        || async {
+            envoy
+                .stat("cluster.llm-load-controller-epp.health_check.success")
+                .await
+                .filter(|n| *n > 0)
+                .map(|_| ())
+        },
+        || format!("controller:\n{}\nenvoy:\n{}", s.controller.log(), envoy.log()),
+    )
+    .await;
+    let doc = document(0);
+    let (status, home) = send(&envoy, ask(&doc, "first", 2), &[]).await;
+    assert_eq!(status, 200);
+    for q in 0..4 {
+        assert_eq!(send(&envoy, ask(&doc, &format!("q{q}"), 2), &[]).await, (200, home.clone()));
+    }
+    assert!(picker_metric(&s.controller, "outcome=\"picked\"").await >= 5.0, "the picker placed them");
 }

@@ -14,9 +14,14 @@
 
 use std::time::Duration;
 
-use llm_lc_testkit::haproxy::{prefix_pair, Haproxy, PrefixLb as Lb};
-use llm_lc_testkit::load::{closed_loop_of, group_of, grouped_prompt, LoadStats};
+use std::path::Path;
+
+use llm_lc_testkit::controller::Running;
+use llm_lc_testkit::envoy::Envoy;
+use llm_lc_testkit::haproxy::{prefix_pair, start_shipped_spoe, Haproxy, PrefixLb as Lb};
+use llm_lc_testkit::load::{closed_loop_keyed, closed_loop_of, group_of, grouped_prompt, LoadStats};
 use llm_lc_testkit::vllm::{Options, VllmServer, MODEL};
+use llm_lc_testkit::{ports, wait};
 
 /// Openings per row, and their length in words (~690 tokens of the tiny model's tokenizer, which
 /// spends about 3.4 tokens on each of these words).
@@ -150,4 +155,98 @@ async fn real_vllm_picker_table() {
     for p in proxies {
         p.shutdown().await;
     }
+}
+
+/// The controller with the endpoint picker for the three servers: pool `llm` feeding Envoy's EDS
+/// and serving ext_proc at `epp`, pool `llm-hx` pushing weights into `hx` (the SPOE HAProxy's
+/// runtime API) and serving its agent at `spoe`.
+fn picker_controller(members: &[String], epp: u16, spoe: u16, hx_runtime: &str) -> Running {
+    let list = members.iter().map(|m| format!("'{m}'")).collect::<Vec<_>>().join(", ");
+    Running::start(
+        Path::new(env!("CARGO_BIN_EXE_llm-load-controller")),
+        "2s",
+        &format!(
+            "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: [{list}] }}\n    sink: {{ kind: envoy, cluster: vllm }}\n    picker: {{ ext_proc: '127.0.0.1:{epp}', refresh: 100ms }}\n  - name: llm-hx\n    source: direct\n    members: {{ static: [{list}] }}\n    sink: {{ kind: haproxy, address: '{hx_runtime}', backend: llm }}\n    picker: {{ spoe: '127.0.0.1:{spoe}', refresh: 100ms }}\n"
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a 12-minute measurement; tests/vllm/doors.sh runs it"]
+async fn real_vllm_doors_table() {
+    let secs: u64 = std::env::var("LLMLC_PREFIX_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    let servers =
+        VllmServer::start_all(&[Options::new(4, 8, 0), Options::new(4, 8, 1), Options::new(4, 8, 0)]).await;
+    let members: Vec<String> = servers.iter().map(|s| s.addr()).collect();
+    let (epp, spoe) = (ports::free_port(), ports::free_port());
+    let dir = tempfile::tempdir().expect("tmp");
+    let hx_spoe = start_shipped_spoe(&members, spoe, dir.path(), "llm-hx").await;
+    let hx_hash = prefix_pair(&members).await;
+    let controller = picker_controller(&members, epp, spoe, &hx_spoe.runtime_tcp_address());
+    let envoy_picker = Envoy::start_shipped_epp(controller.listen(), epp, &[]).await;
+    let envoy_hash = Envoy::start_shipped_ring_hash(controller.listen()).await;
+    for (e, clusters) in [(&envoy_picker, &["vllm"][..]), (&envoy_hash, &["vllm", "vllm_prefix"][..])] {
+        for c in clusters {
+            wait::until(Duration::from_secs(30), "Envoy has the servers", || async {
+                e.weights(c).await.filter(|w| w.len() == 3).map(|_| ())
+            })
+            .await;
+        }
+    }
+    // Through the picker doors the clients send nothing but the body; the ring hash is given the
+    // best key it could have (the client's own group id), HAProxy's hash its shipped body key.
+    let url = |port: u16| format!("http://127.0.0.1:{port}");
+    let envoy_port = |e: &Envoy| {
+        let e = e.admin_url().to_string();
+        async move {
+            let v: serde_json::Value =
+                reqwest::get(format!("{e}/listeners?format=json")).await.ok()?.json().await.ok()?;
+            v["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
+                .as_u64()
+                .map(|p| p as u16)
+        }
+    };
+    let picker_port = envoy_port(&envoy_picker).await.expect("listener");
+    let hash_port = envoy_port(&envoy_hash).await.expect("listener");
+    let rows: [(&str, String, bool); 5] = [
+        ("Envoy + picker (ext_proc)", url(picker_port), false),
+        ("Envoy ring hash (client key)", url(hash_port), true),
+        ("Envoy least request", url(hash_port), false),
+        ("HAProxy + picker (SPOE)", url(hx_spoe.port("fe")), false),
+        ("HAProxy prefix hash (body key)", url(Lb::PrefixHash.port(&hx_hash)), false),
+    ];
+    println!(
+        "\n| LB | prompt tokens cached | TTFT p50 | p90 | p99 | requests | tok/s |\n|---|---|---|---|---|---|---|"
+    );
+    // Interleaved, forwards then backwards, so a drift of the machine's speed hits all alike.
+    let order = [0, 1, 2, 3, 4, 4, 3, 2, 1, 0];
+    let mut results: Vec<(usize, Row)> = Vec::new();
+    for (k, &i) in order.iter().enumerate() {
+        let seed = 61 + k as u64;
+        let (name, base, keyed) = &rows[i];
+        let before = prefix_counters(&servers).await;
+        let keyed = *keyed;
+        let stats = closed_loop_keyed(
+            base,
+            CLIENTS,
+            Duration::from_secs(secs),
+            move |c, n| body(seed, c, n),
+            move |c, n| keyed.then(|| format!("group-{}", seed * 1000 + group_of(seed, c, n, GROUPS))),
+        )
+        .await;
+        let after = prefix_counters(&servers).await;
+        assert!(stats.completed > 0 && stats.failed == 0, "{name}: {stats:?}\n{}", controller.log());
+        let r = Row { stats, hit_share: (after.0 - before.0) / (after.1 - before.1).max(1.0) };
+        println!("{}", line(name, seed, &r).replace('"', ""));
+        results.push((i, r));
+    }
+    let share =
+        |i: usize| results.iter().filter(|(x, _)| *x == i).map(|(_, r)| r.hit_share).sum::<f64>() / 2.0;
+    assert!(
+        share(0) > share(2),
+        "the picker caches more than least request: {:.2} vs {:.2}",
+        share(0),
+        share(2)
+    );
+    assert!(share(3) > share(2), "SPOE picker caches more than least request");
 }

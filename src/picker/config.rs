@@ -8,6 +8,7 @@
 //!   http: 0.0.0.0:9004         # sideband: POST the body's first bytes, answer ip:port or `fallback`
 //!   spoe: 0.0.0.0:9005         # HAProxy SPOE agent: message `pick` sets txn vars srv, addr, id
 //!   refresh: 100ms             # direct reads of the members' /metrics for the picker
+//!   tls: { cert_file: /etc/tls/tls.crt, key_file: /etc/tls/tls.key }   # optional, ext_proc and health
 //! ```
 
 use std::collections::BTreeMap;
@@ -27,6 +28,9 @@ pub struct PickerConfig {
     /// gRPC health service for the `ext_proc` door (Envoy's gRPC health check, Kubernetes probes).
     #[serde(default)]
     pub health: Option<SocketAddr>,
+    /// Serve `ext_proc` (and `health`) over TLS with this certificate and key (PEM files).
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
     /// The sideband door: `POST /pick/{pool}`. Pools may share an address.
     #[serde(default)]
     pub http: Option<SocketAddr>,
@@ -47,6 +51,14 @@ pub struct PickerConfig {
     /// `llm_lc_balance::endpoint::picker::Settings`). Unnamed ones keep their defaults.
     #[serde(default)]
     pub settings: BTreeMap<String, f64>,
+}
+
+/// A certificate chain and its private key, PEM.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert_file: std::path::PathBuf,
+    pub key_file: std::path::PathBuf,
 }
 
 fn default_refresh() -> Duration {
@@ -80,6 +92,9 @@ impl PickerConfig {
         let mut errs = Vec::new();
         if self.ext_proc.is_none() && self.http.is_none() && self.spoe.is_none() {
             errs.push(("".into(), "names no door: give `ext_proc`, `spoe` or `http`".into()));
+        }
+        if self.tls.is_some() && self.ext_proc.is_none() {
+            errs.push(("tls".into(), "is for the ext_proc door: give `ext_proc` too".into()));
         }
         if self.health.is_some() && self.ext_proc.is_none() {
             errs.push(("health".into(), "is the ext_proc door's health service: give `ext_proc` too".into()));

@@ -16,7 +16,8 @@
 //! - the response headers are the request's first token (its prefill no longer loads the
 //!   member); the data plane's `x-gateway-destination-endpoint-served` (metadata `envoy.lb`) moves
 //!   the request's load where it really went; the stream's end, however it ends, finishes it;
-//! - nobody to pick (no members yet): 503 as an immediate response.
+//! - nobody to pick (no members yet): 503 as an immediate response; a request whose
+//!   `x-criticality` is `sheddable` while every endpoint is saturated: 429.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
@@ -51,6 +52,9 @@ pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
 pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
 /// A client's session or prefix key (the reference proxy's header).
 pub const KEY_HEADER: &str = "x-llm-prefix-key";
+/// A request's criticality (the reference proxy's header): `sheddable` ones are refused with 429
+/// while every endpoint is saturated.
+pub const CRITICALITY_HEADER: &str = "x-criticality";
 /// The largest body chunk sent back, as the protocol's reference implementation sends them.
 pub const CHUNK: usize = 62_000;
 /// A request body larger than this is refused (413): it is held whole until the pick.
@@ -120,6 +124,7 @@ struct Exchange {
     /// Answers not yet sent, in order.
     out: VecDeque<ProcessingResponse>,
     key: Option<Vec<u8>>,
+    sheddable: bool,
     subset: Option<Vec<String>>,
     body: Vec<u8>,
     /// Whether the request body comes streamed back through us (full duplex) or stays with Envoy.
@@ -158,6 +163,7 @@ impl Exchange {
             counter,
             out: VecDeque::new(),
             key: None,
+            sheddable: false,
             subset: None,
             body: Vec::new(),
             duplex: true,
@@ -186,6 +192,8 @@ impl Exchange {
             Some(In::RequestHeaders(h)) => {
                 self.subset = subset_hint(msg.metadata_context.as_ref());
                 self.key = header(&h, KEY_HEADER).filter(|k| !k.is_empty());
+                self.sheddable =
+                    header(&h, CRITICALITY_HEADER).is_some_and(|v| v.eq_ignore_ascii_case(b"sheddable"));
                 if h.end_of_stream {
                     return self.pick_and_answer(Then::NoBody);
                 }
@@ -256,16 +264,29 @@ impl Exchange {
     /// Pick, then answer the held headers (full duplex) or the buffered body, and send the body
     /// back (full duplex) as `then` says.
     fn pick_and_answer(&mut self, then: Then) -> bool {
-        let ask = Ask { body: &self.body, key: self.key.as_deref(), subset: self.subset.as_deref() };
+        let ask = Ask {
+            body: &self.body,
+            key: self.key.as_deref(),
+            subset: self.subset.as_deref(),
+            sheddable: self.sheddable,
+        };
         let pick = match self.pool.pick(ask, Settle::Tracked) {
             Ok(p) => p,
             Err(why) => {
                 self.counter.count(&self.pool.name, "ext_proc", outcome(why));
-                let what = match why {
-                    NoPick::NoMembers => "no endpoint to pick: the pool has no members yet",
-                    NoPick::OutsideSubset => "no endpoint of the pool is in the subset hint",
+                let (code, what) = match why {
+                    NoPick::NoMembers => {
+                        (StatusCode::ServiceUnavailable, "no endpoint to pick: the pool has no members yet")
+                    }
+                    NoPick::OutsideSubset => {
+                        (StatusCode::ServiceUnavailable, "no endpoint of the pool is in the subset hint")
+                    }
+                    NoPick::Shed => (
+                        StatusCode::TooManyRequests,
+                        "every endpoint is saturated: sheddable request refused",
+                    ),
                 };
-                return self.immediate(StatusCode::ServiceUnavailable, what);
+                return self.immediate(code, what);
             }
         };
         self.counter.count(&self.pool.name, "ext_proc", "picked");
@@ -361,6 +382,7 @@ fn outcome(why: NoPick) -> &'static str {
     match why {
         NoPick::NoMembers => "no_members",
         NoPick::OutsideSubset => "outside_subset",
+        NoPick::Shed => "shed",
     }
 }
 

@@ -70,6 +70,7 @@ async fn pick(
         body: &body,
         key: headers.get("x-llm-prefix-key").map(|v| v.as_bytes()),
         subset: subset.as_deref(),
+        sheddable: false,
     };
     match p.pick(ask, Settle::Never) {
         Ok(pick) => {
@@ -89,5 +90,6 @@ fn outcome(why: NoPick) -> &'static str {
     match why {
         NoPick::NoMembers => "no_members",
         NoPick::OutsideSubset => "outside_subset",
+        NoPick::Shed => "shed",
     }
 }

@@ -20,6 +20,7 @@ pub mod pool;
 pub mod refresh;
 pub mod rules;
 pub mod spoe;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -146,12 +147,23 @@ pub async fn serve(
             reporter.set_service_status("liveness", ServingStatus::Serving).await;
             let door = ext_proc::Door::new(pool.clone(), counter.clone());
             let routes = tonic::service::Routes::new(door.server()).add_service(health.clone());
-            served.tasks.push(spawn_server(listener, routes.into_axum_router(), stop.clone()));
+            let acceptor = match &pc.tls {
+                Some(t) => Some(
+                    tls::acceptor(&t.cert_file, &t.key_file)
+                        .map_err(|e| format!("pool {:?} picker.tls: {e}", p.name))?,
+                ),
+                None => None,
+            };
+            let grpc = |listener, app: axum::Router| match &acceptor {
+                Some(a) => tokio::spawn(tls::serve(listener, a.clone(), app, stop.clone())),
+                None => spawn_server(listener, app, stop.clone()),
+            };
+            served.tasks.push(grpc(listener, routes.into_axum_router()));
             if let Some(haddr) = pc.health {
                 let listener = bind(haddr, &p.name, "health").await?;
                 served.bound.insert((p.name.clone(), "health"), local(&listener, haddr));
                 let routes = tonic::service::Routes::new(health);
-                served.tasks.push(spawn_server(listener, routes.into_axum_router(), stop.clone()));
+                served.tasks.push(grpc(listener, routes.into_axum_router()));
             }
             served.tasks.push(tokio::spawn(readiness(pool.clone(), reporter, stop.clone())));
         }

@@ -39,6 +39,8 @@ pub struct Ask<'a> {
     pub body: &'a [u8],
     pub key: Option<&'a [u8]>,
     pub subset: Option<&'a [String]>,
+    /// The request may be refused when the whole pool is saturated (criticality `sheddable`).
+    pub sheddable: bool,
 }
 
 /// The answer: the request's id (for settling) and the endpoints, the pick first.
@@ -55,6 +57,8 @@ pub enum NoPick {
     NoMembers,
     /// The subset hint names no member of the pool.
     OutsideSubset,
+    /// A sheddable request, and every member is saturated: refuse it (429).
+    Shed,
 }
 
 pub struct PoolPicker {
@@ -144,6 +148,9 @@ impl PoolPicker {
             return Err(NoPick::OutsideSubset);
         }
         let first = st.picker.pick(request, |i| allowed[i]).ok_or(NoPick::NoMembers)?;
+        if ask.sheddable && st.picker.last_pick_all_saturated() {
+            return Err(NoPick::Shed);
+        }
         let mut order = vec![first.member];
         // Fallbacks: what the picker would choose were the ones before them gone.
         while order.len() <= self.fallbacks {
@@ -287,6 +294,27 @@ mod tests {
         );
         let empty = PoolPicker::new("e", Settings::default(), 2, Duration::from_secs(60));
         assert_eq!(empty.pick(Ask::default(), Settle::Never), Err(NoPick::NoMembers));
+    }
+
+    #[test]
+    fn a_sheddable_request_is_refused_only_when_every_member_is_saturated() {
+        let p = PoolPicker::new(
+            "p",
+            Settings { saturation_tokens: 1000.0, ..Settings::default() },
+            0,
+            Duration::from_secs(60),
+        );
+        p.set_members(&[("a:1".into(), 1.0), ("b:1".into(), 1.0)]);
+        // Prompts of 2,000 tokens, each its own (nothing cached anywhere).
+        let long = |i: usize| format!("{i:04}") + &"x".repeat(8000);
+        let shed = |p: &PoolPicker, i: usize| {
+            p.pick(Ask { body: long(i).as_bytes(), sheddable: true, ..Ask::default() }, Settle::Tracked)
+        };
+        assert!(shed(&p, 0).is_ok(), "an idle pool takes it");
+        assert!(shed(&p, 1).is_ok(), "the other member still has room");
+        assert_eq!(shed(&p, 2), Err(NoPick::Shed));
+        let standard = p.pick(Ask { body: long(3).as_bytes(), ..Ask::default() }, Settle::Tracked);
+        assert!(standard.is_ok(), "only sheddable requests are refused");
     }
 
     #[test]

@@ -208,8 +208,12 @@ fn answer(m: &Message, ack: Ack, pools: &BTreeMap<String, Arc<SpoePool>>, counte
     match m.name.as_str() {
         "pick" => {
             let tracked = pool.done_seen.load(Ordering::Relaxed);
-            let ask =
-                Ask { body: bytes_of(m, "body").unwrap_or_default(), key: bytes_of(m, "key"), subset: None };
+            let ask = Ask {
+                body: bytes_of(m, "body").unwrap_or_default(),
+                key: bytes_of(m, "key"),
+                subset: None,
+                sheddable: false,
+            };
             let settle = if tracked { Settle::Tracked } else { Settle::Never };
             match pool.picker.pick(ask, settle) {
                 Ok(pick) => {
@@ -232,6 +236,7 @@ fn answer(m: &Message, ack: Ack, pools: &BTreeMap<String, Arc<SpoePool>>, counte
                         match why {
                             NoPick::NoMembers => "no_members",
                             NoPick::OutsideSubset => "outside_subset",
+                            NoPick::Shed => "shed",
                         },
                     );
                     ack

@@ -448,6 +448,13 @@ impl RequestPicker {
         self.since_reading.clear();
     }
 
+    /// Whether every member the last [`RequestPicker::pick`] weighed had more prefill backlog
+    /// than `saturation_tokens` per unit of capacity: the pool as a whole is saturated, and a
+    /// request that may be shed should be.
+    pub fn last_pick_all_saturated(&self) -> bool {
+        !self.scored.is_empty() && self.scored.iter().all(|c| c.backlog > self.settings.saturation_tokens)
+    }
+
     /// Requests this picker has in flight on member `i`.
     pub fn requests(&self, i: usize) -> u32 {
         self.accounting.requests(i)
@@ -635,6 +642,20 @@ mod tests {
         assert_eq!((0..4).map(|i| p.requests(i)).sum::<u32>(), 0);
         p.finished(1);
         assert_eq!(p.pick(request(&blocks, 800), |_| true).map(|c| c.member), Some(3));
+    }
+
+    #[test]
+    fn the_pool_is_saturated_only_when_every_member_is() {
+        let mut p = picker(2);
+        p.dispatched(1, Choice { member: 0, matched: 0, uncached: 30_000 }, request(&[], 0));
+        p.pick(request(&[], 100), |_| true);
+        assert!(!p.last_pick_all_saturated(), "one member still has room");
+        p.dispatched(2, Choice { member: 1, matched: 0, uncached: 30_000 }, request(&[], 0));
+        p.pick(request(&[], 100), |_| true);
+        assert!(p.last_pick_all_saturated());
+        p.first_token(2);
+        p.pick(request(&[], 100), |_| true);
+        assert!(!p.last_pick_all_saturated());
     }
 
     #[test]
