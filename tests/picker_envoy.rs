@@ -59,6 +59,23 @@ impl Setup {
         Setup { fleet, controller, epp_port }
     }
 
+    /// Until Envoy's gRPC health check of the picker has succeeded.
+    async fn wait_healthy(&self, envoy: &Envoy) {
+        wait::until_or(
+            Duration::from_secs(15),
+            "the picker healthy in Envoy",
+            || async {
+                envoy
+                    .stat("cluster.llm-load-controller-epp.health_check.success")
+                    .await
+                    .filter(|n| *n > 0)
+                    .map(|_| ())
+            },
+            || format!("controller:\n{}\nenvoy:\n{}", self.controller.log(), envoy.log()),
+        )
+        .await;
+    }
+
     /// The shipped bootstrap on free ports, asking the picker at `epp_port`, with `extra`
     /// replacements (a filter before ext_proc, say); returns once Envoy has every server.
     async fn envoy(&self, epp_port: u16, extra: &[(&str, &str)]) -> Envoy {
@@ -119,19 +136,7 @@ async fn a_prompt_stays_home_spreads_when_home_saturates_and_a_client_header_ste
     let s = Setup::start().await;
     let envoy = s.envoy(s.epp_port, &[]).await;
     // Envoy health-checks the picker over gRPC health before it sends it anything.
-    wait::until_or(
-        Duration::from_secs(15),
-        "the picker healthy in Envoy",
-        || async {
-            envoy
-                .stat("cluster.llm-load-controller-epp.health_check.success")
-                .await
-                .filter(|n| *n > 0)
-                .map(|_| ())
-        },
-        || format!("controller:\n{}\nenvoy:\n{}", s.controller.log(), envoy.log()),
-    )
-    .await;
+    s.wait_healthy(&envoy).await;
     let doc = document(0);
     let (status, home) = send(&envoy, ask(&doc, "first question", 2), &[]).await;
     assert_eq!(status, 200);
@@ -338,19 +343,7 @@ async fn the_picker_serves_envoy_over_tls_from_pem_files() {
         cert.display()
     );
     let envoy = s.envoy(s.epp_port, &[("    health_checks:\n    - timeout: 1s\n", transport.as_str())]).await;
-    wait::until_or(
-        Duration::from_secs(15),
-        "the picker healthy in Envoy over TLS",
-        || async {
-            envoy
-                .stat("cluster.llm-load-controller-epp.health_check.success")
-                .await
-                .filter(|n| *n > 0)
-                .map(|_| ())
-        },
-        || format!("controller:\n{}\nenvoy:\n{}", s.controller.log(), envoy.log()),
-    )
-    .await;
+    s.wait_healthy(&envoy).await;
     let doc = document(0);
     let (status, home) = send(&envoy, ask(&doc, "first", 2), &[]).await;
     assert_eq!(status, 200);

@@ -392,35 +392,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         ("haproxy", format!("http://127.0.0.1:{hport}/v1/chat/completions")),
         ("llmlc-proxy", format!("http://127.0.0.1:{pport}/v1/chat/completions")),
     ];
-    let mut results = Vec::new();
-    for &c in &args.concurrency {
-        let size = args.batch.max(4 * c);
-        // Warm-up: one batch each (connections, caches), not measured.
-        for (name, url) in &targets {
-            let (w, _) = batch(&client, url, size, c).await;
-            if w.iter().all(Option::is_none) {
-                anyhow::bail!("every warm-up request to {name} ({url}) failed");
-            }
-        }
-        let mut lat: Vec<Vec<Option<f64>>> = vec![Vec::new(); targets.len()];
-        let mut busy = vec![0.0f64; targets.len()];
-        let cycle = batch_cycle(targets.len());
-        for &t in cycle.iter().cycle() {
-            if lat.iter().all(|l| l.len() >= args.requests) {
-                break;
-            }
-            let n = size.min(args.requests - lat[t].len().min(args.requests));
-            if n == 0 {
-                continue;
-            }
-            let (r, wall) = batch(&client, &targets[t].1, n, c).await;
-            lat[t].extend(r);
-            busy[t] += wall;
-        }
-        for (t, (name, _)) in targets.iter().enumerate() {
-            results.push(summarize(name, c, &lat[t], busy[t]));
-        }
-    }
+    let results = interleaved(&client, &targets, &args).await?;
     drop(proxy);
     drop(haproxy);
     drop(backend);
@@ -431,6 +403,44 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         std::fs::write(out, &text).with_context(|| format!("cannot write {}", out.display()))?;
     }
     Ok(())
+}
+
+/// Each target measured at each concurrency level of `args`: one warm-up batch each (connections,
+/// caches; an error when every request of one fails), then batches in [`batch_cycle`]'s order
+/// until every target has `args.requests`.
+pub(crate) async fn interleaved(
+    client: &reqwest::Client,
+    targets: &[(&'static str, String)],
+    args: &BenchArgs,
+) -> anyhow::Result<Vec<Measured>> {
+    let mut results = Vec::new();
+    for &c in &args.concurrency {
+        let size = args.batch.max(4 * c);
+        for (name, url) in targets {
+            let (w, _) = batch(client, url, size, c).await;
+            if w.iter().all(Option::is_none) {
+                anyhow::bail!("every warm-up request to {name} ({url}) failed");
+            }
+        }
+        let mut lat: Vec<Vec<Option<f64>>> = vec![Vec::new(); targets.len()];
+        let mut busy = vec![0.0f64; targets.len()];
+        for &t in batch_cycle(targets.len()).iter().cycle() {
+            if lat.iter().all(|l| l.len() >= args.requests) {
+                break;
+            }
+            let n = size.min(args.requests - lat[t].len().min(args.requests));
+            if n == 0 {
+                continue;
+            }
+            let (r, wall) = batch(client, &targets[t].1, n, c).await;
+            lat[t].extend(r);
+            busy[t] += wall;
+        }
+        for (t, (name, _)) in targets.iter().enumerate() {
+            results.push(summarize(name, c, &lat[t], busy[t]));
+        }
+    }
+    Ok(results)
 }
 
 /// The proxy's goal against the incumbent, per level: its added p99 at most HAProxy's + this.

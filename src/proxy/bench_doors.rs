@@ -22,9 +22,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use super::bench::{
-    batch, batch_cycle, free_port, haproxy_bin, summarize, wait_port, BenchArgs, Kill, Measured,
-};
+use super::bench::{batch, free_port, haproxy_bin, interleaved, wait_port, BenchArgs, Kill, Measured};
 
 /// The goal at 16 concurrent requests: the picker's added p50 and p99 over its load balancer alone.
 pub const GOAL_P50_MS: f64 = 0.5;
@@ -212,30 +210,7 @@ pub async fn run(
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let mut results = Vec::new();
-    for &c in &args.concurrency {
-        let size = args.batch.max(4 * c);
-        for (_, url) in &targets {
-            batch(&client, url, size, c).await;
-        }
-        let mut lat: Vec<Vec<Option<f64>>> = vec![Vec::new(); targets.len()];
-        let mut busy = vec![0.0f64; targets.len()];
-        for &t in batch_cycle(targets.len()).iter().cycle() {
-            if lat.iter().all(|l| l.len() >= args.requests) {
-                break;
-            }
-            let n = size.min(args.requests - lat[t].len().min(args.requests));
-            if n == 0 {
-                continue;
-            }
-            let (r, wall) = batch(&client, &targets[t].1, n, c).await;
-            lat[t].extend(r);
-            busy[t] += wall;
-        }
-        for (t, (name, _)) in targets.iter().enumerate() {
-            results.push(summarize(name, c, &lat[t], busy[t]));
-        }
-    }
+    let results = interleaved(&client, &targets, args).await?;
     let metrics = reqwest::get(format!("http://127.0.0.1:{cport}/metrics")).await?.text().await?;
     let picks: String = metrics
         .lines()

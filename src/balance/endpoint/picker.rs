@@ -170,6 +170,19 @@ struct Member {
     index: PrefixIndex,
 }
 
+impl Member {
+    /// A member as it joins: equal capacity, no gauges, an empty index of `cache_blocks`.
+    fn fresh(cache_blocks: usize) -> Member {
+        Member {
+            weight: 1.0,
+            gauges: None,
+            sent_since_gauges: (0, 0),
+            reading: 0,
+            index: PrefixIndex::with_capacity(cache_blocks),
+        }
+    }
+}
+
 /// A member's numbers during one pick.
 #[derive(Debug, Clone, Copy)]
 struct Scored {
@@ -209,16 +222,9 @@ const KV_CAP: f64 = 0.99;
 impl RequestPicker {
     /// A picker for `members` members of equal capacity, each index holding `cache_blocks` blocks.
     pub fn new(members: usize, cache_blocks: usize, settings: Settings) -> RequestPicker {
-        let member = Member {
-            weight: 1.0,
-            gauges: None,
-            sent_since_gauges: (0, 0),
-            reading: 0,
-            index: PrefixIndex::with_capacity(cache_blocks),
-        };
         RequestPicker {
             settings,
-            members: vec![member; members],
+            members: vec![Member::fresh(cache_blocks); members],
             accounting: Accounting::new(members),
             mean_uncached: 0.0,
             unkeyed: 0,
@@ -429,13 +435,7 @@ impl RequestPicker {
     /// Requests in flight are forgotten (their later release is a no-op): a membership change is
     /// rare, and a leak across it would be worse than a moment's undercount.
     pub fn remap(&mut self, old_of: &[Option<usize>], cache_blocks: usize) {
-        let fresh = Member {
-            weight: 1.0,
-            gauges: None,
-            sent_since_gauges: (0, 0),
-            reading: 0,
-            index: PrefixIndex::with_capacity(cache_blocks),
-        };
+        let fresh = Member::fresh(cache_blocks);
         let mut old: Vec<Option<Member>> = std::mem::take(&mut self.members).into_iter().map(Some).collect();
         self.members = old_of
             .iter()
