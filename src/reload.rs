@@ -249,6 +249,12 @@ fn warn_restart_only(old: &Config, new: &Config) {
     if old.leader_election != new.leader_election {
         tracing::warn!("`leader_election` changed; it applies at the next restart");
     }
+    let pickers = |c: &Config| -> Vec<(String, Option<crate::picker::PickerConfig>)> {
+        c.pools.iter().map(|p| (p.name.clone(), p.picker.clone())).filter(|(_, p)| p.is_some()).collect()
+    };
+    if pickers(old) != pickers(new) {
+        tracing::warn!("a pool's `picker` changed; the endpoint pickers keep their doors and settings until the next restart");
+    }
 }
 
 /// Remove gauges of pools and members the new config no longer has, once the new controller's first
