@@ -77,6 +77,35 @@ pub struct Measured {
     pub p99_ms: f64,
     pub rps: f64,
     pub errors: usize,
+    /// CPU time the target's own processes spent per request, in microseconds (`None` for the
+    /// direct path, which has none).
+    pub cpu_us: Option<f64>,
+}
+
+/// One way to the backend: its name, its URL, and the processes that serve it (whose CPU time
+/// is its cost).
+pub(crate) struct Target {
+    pub name: &'static str,
+    pub url: String,
+    pub pids: Vec<u32>,
+}
+
+impl Target {
+    pub(crate) fn new(name: &'static str, url: String, pids: &[u32]) -> Target {
+        Target { name, url, pids: pids.to_vec() }
+    }
+}
+
+/// CPU time (user + system) of process `pid` so far, in seconds, from `/proc/PID/stat` (fields 14
+/// and 15, in clock ticks of 1/100 s, Linux's USER_HZ); 0 where there is no such file.
+pub(crate) fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3, so fields 14 and 15 are its 12th and 13th.
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// The order batches visit `n` targets in, repeated until each has its requests: every target
@@ -236,6 +265,7 @@ pub(crate) fn summarize(
         p99_ms: pct(0.99),
         rps: ok.len() as f64 / busy_s.max(1e-9),
         errors: results.len() - ok.len(),
+        cpu_us: None,
     }
 }
 
@@ -387,10 +417,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .pool_max_idle_per_host(1024)
         .timeout(Duration::from_secs(60))
         .build()?;
-    let targets: [(&'static str, String); 3] = [
-        ("direct", format!("http://{backend_addr}/v1/chat/completions")),
-        ("haproxy", format!("http://127.0.0.1:{hport}/v1/chat/completions")),
-        ("llmlc-proxy", format!("http://127.0.0.1:{pport}/v1/chat/completions")),
+    let targets = [
+        Target::new("direct", format!("http://{backend_addr}/v1/chat/completions"), &[]),
+        Target::new("haproxy", format!("http://127.0.0.1:{hport}/v1/chat/completions"), &[haproxy.0.id()]),
+        Target::new("llmlc-proxy", format!("http://127.0.0.1:{pport}/v1/chat/completions"), &[proxy.0.id()]),
     ];
     let results = interleaved(&client, &targets, &args).await?;
     drop(proxy);
@@ -410,20 +440,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// until every target has `args.requests`.
 pub(crate) async fn interleaved(
     client: &reqwest::Client,
-    targets: &[(&'static str, String)],
+    targets: &[Target],
     args: &BenchArgs,
 ) -> anyhow::Result<Vec<Measured>> {
     let mut results = Vec::new();
+    let cpu = |t: &Target| t.pids.iter().map(|&p| cpu_seconds(p)).sum::<f64>();
     for &c in &args.concurrency {
         let size = args.batch.max(4 * c);
-        for (name, url) in targets {
-            let (w, _) = batch(client, url, size, c).await;
+        for t in targets {
+            let (w, _) = batch(client, &t.url, size, c).await;
             if w.iter().all(Option::is_none) {
-                anyhow::bail!("every warm-up request to {name} ({url}) failed");
+                anyhow::bail!("every warm-up request to {} ({}) failed", t.name, t.url);
             }
         }
         let mut lat: Vec<Vec<Option<f64>>> = vec![Vec::new(); targets.len()];
         let mut busy = vec![0.0f64; targets.len()];
+        // CPU seconds each target's processes spent during its own batches: one target runs at a
+        // time, so what its processes spend meanwhile is its cost.
+        let mut spent = vec![0.0f64; targets.len()];
         for &t in batch_cycle(targets.len()).iter().cycle() {
             if lat.iter().all(|l| l.len() >= args.requests) {
                 break;
@@ -432,12 +466,17 @@ pub(crate) async fn interleaved(
             if n == 0 {
                 continue;
             }
-            let (r, wall) = batch(client, &targets[t].1, n, c).await;
+            let before = cpu(&targets[t]);
+            let (r, wall) = batch(client, &targets[t].url, n, c).await;
+            spent[t] += cpu(&targets[t]) - before;
             lat[t].extend(r);
             busy[t] += wall;
         }
-        for (t, (name, _)) in targets.iter().enumerate() {
-            results.push(summarize(name, c, &lat[t], busy[t]));
+        for (i, t) in targets.iter().enumerate() {
+            let mut m = summarize(t.name, c, &lat[i], busy[i]);
+            let ok = lat[i].iter().flatten().count();
+            m.cpu_us = (!t.pids.is_empty() && ok > 0).then(|| spent[i] * 1e6 / ok as f64);
+            results.push(m);
         }
     }
     Ok(results)
@@ -458,6 +497,11 @@ pub fn goal(proxy: &Measured, haproxy: &Measured) -> (f64, f64, bool) {
     (extra, share, pass)
 }
 
+/// A CPU cost for a table cell.
+pub(crate) fn cpu_cell(us: Option<f64>) -> String {
+    us.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into())
+}
+
 /// The results as a Markdown table per concurrency level, with added latency against the direct
 /// path, the proxy's share of HAProxy's request rate, and the goal's verdict per level.
 pub fn report(results: &[Measured], args: &BenchArgs) -> String {
@@ -470,7 +514,7 @@ pub fn report(results: &[Measured], args: &BenchArgs) -> String {
         let direct = level.iter().find(|m| m.name == "direct");
         let haproxy_rps = level.iter().find(|m| m.name == "haproxy").map(|m| m.rps);
         s.push_str(&format!(
-            "\nConcurrency {c}:\n\n| target | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | vs HAProxy req/s | errors |\n|---|---|---|---|---|---|---|---|\n"
+            "\nConcurrency {c}:\n\n| target | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | vs HAProxy req/s | CPU us/req | errors |\n|---|---|---|---|---|---|---|---|---|\n"
         ));
         for m in &level {
             let (a50, a99) = match direct {
@@ -484,8 +528,13 @@ pub fn report(results: &[Measured], args: &BenchArgs) -> String {
                 _ => "-".into(),
             };
             s.push_str(&format!(
-                "| {} | {:.3} | {:.3} | {a50} | {a99} | {:.0} | {share} | {} |\n",
-                m.name, m.p50_ms, m.p99_ms, m.rps, m.errors
+                "| {} | {:.3} | {:.3} | {a50} | {a99} | {:.0} | {share} | {} | {} |\n",
+                m.name,
+                m.p50_ms,
+                m.p99_ms,
+                m.rps,
+                cpu_cell(m.cpu_us),
+                m.errors
             ));
         }
         let find = |name: &str| level.iter().find(|m| m.name == name).copied();
@@ -498,6 +547,13 @@ pub fn report(results: &[Measured], args: &BenchArgs) -> String {
                 100.0 * GOAL_RATE_SHARE,
                 if pass { "PASS" } else { "FAIL" }
             ));
+            if let (Some(pc), Some(hc)) = (p.cpu_us, h.cpu_us) {
+                s.push_str(&format!(
+                    "CPU per request at concurrency {c}: the proxy {pc:.0} us, HAProxy {hc:.0} us ({:.2}x; goal at most 1x): {}\n",
+                    pc / hc,
+                    if pc <= hc { "PASS" } else { "FAIL" }
+                ));
+            }
         }
     }
     s
@@ -527,8 +583,15 @@ mod tests {
 
     #[test]
     fn report_has_one_table_per_level_with_added_latency_and_rate_share() {
-        let m =
-            |name, c, p99, rps| Measured { name, concurrency: c, p50_ms: 1.0, p99_ms: p99, rps, errors: 0 };
+        let m = |name, c, p99, rps| Measured {
+            name,
+            concurrency: c,
+            p50_ms: 1.0,
+            p99_ms: p99,
+            rps,
+            errors: 0,
+            cpu_us: None,
+        };
         let args = BenchArgs {
             requests: 10,
             concurrency: vec![1, 16],
@@ -548,7 +611,7 @@ mod tests {
             &args,
         );
         assert!(r.contains("Concurrency 1:") && r.contains("Concurrency 16:"), "{r}");
-        assert!(r.contains("| llmlc-proxy | 1.000 | 2.750 | 0.000 | 0.750 | 60 | 75% | 0 |"), "{r}");
+        assert!(r.contains("| llmlc-proxy | 1.000 | 2.750 | 0.000 | 0.750 | 60 | 75% | - | 0 |"), "{r}");
         assert!(r.contains("Goal at concurrency 1: added p99 +0.250 ms against HAProxy's"), "{r}");
         assert!(r.contains("request rate 75% of HAProxy's (at least 100%): FAIL"), "{r}");
         assert!(!r.contains("Goal at concurrency 16"), "no verdict without both proxies: {r}");
@@ -556,7 +619,15 @@ mod tests {
 
     #[test]
     fn the_goal_needs_both_the_tail_and_the_rate() {
-        let m = |p99_ms, rps| Measured { name: "x", concurrency: 16, p50_ms: 1.0, p99_ms, rps, errors: 0 };
+        let m = |p99_ms, rps| Measured {
+            name: "x",
+            concurrency: 16,
+            p50_ms: 1.0,
+            p99_ms,
+            rps,
+            errors: 0,
+            cpu_us: None,
+        };
         let h = m(10.0, 1000.0);
         assert!(goal(&m(10.5, 1000.0), &h).2, "+0.5 ms and 100% pass");
         assert!(!goal(&m(10.6, 1200.0), &h).2, "+0.6 ms fails whatever the rate");

@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use super::bench::{batch, free_port, haproxy_bin, interleaved, wait_port, BenchArgs, Kill, Measured};
+use super::bench::{
+    batch, cpu_cell, free_port, haproxy_bin, interleaved, wait_port, BenchArgs, Kill, Measured, Target,
+};
 
 /// The goal at 16 concurrent requests: the picker's added p50 and p99 over its load balancer alone.
 pub const GOAL_P50_MS: f64 = 0.5;
@@ -75,7 +77,7 @@ pub async fn run(
             "interval: 1s\nlisten: 127.0.0.1:{cport}\nsources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: ['{backend}'] }}\n    sink: {{ kind: envoy, cluster: vllm }}\n    picker: {{ ext_proc: '127.0.0.1:{epp}' }}\n  - name: llm-hx\n    source: direct\n    members: {{ static: ['{backend}'] }}\n    sink: {{ kind: haproxy, address: '127.0.0.1:{runtime}', backend: llm }}\n    picker: {{ spoe: '127.0.0.1:{spoe}' }}\n"
         ),
     )?;
-    let _controller = Kill(
+    let controller = Kill(
         Command::new(exe)
             .args(["run", "--config"])
             .arg(&ccfg)
@@ -190,23 +192,27 @@ pub async fn run(
         .pool_max_idle_per_host(1024)
         .timeout(Duration::from_secs(60))
         .build()?;
-    let targets: [(&'static str, String); 5] = [
-        ("direct", format!("http://{backend}/v1/chat/completions")),
-        ("envoy", format!("http://127.0.0.1:{envoy_alone_port}/v1/chat/completions")),
-        ("envoy+picker", format!("http://127.0.0.1:{envoy_port}/v1/chat/completions")),
-        ("haproxy", format!("http://127.0.0.1:{hx_alone_port}/v1/chat/completions")),
-        ("haproxy+spoe", format!("http://127.0.0.1:{hx_port}/v1/chat/completions")),
+    // Each door's cost is its load balancer's CPU and the controller's (one door runs at a time).
+    let (controller_pid, envoy_pids, hx_pids) =
+        (controller.0.id(), [envoys[0].0.id(), envoys[1].0.id()], [haproxies[0].0.id(), haproxies[1].0.id()]);
+    let url = |port: u16| format!("http://127.0.0.1:{port}/v1/chat/completions");
+    let targets = [
+        Target::new("direct", format!("http://{backend}/v1/chat/completions"), &[]),
+        Target::new("envoy", url(envoy_alone_port), &[envoy_pids[1]]),
+        Target::new("envoy+picker", url(envoy_port), &[envoy_pids[0], controller_pid]),
+        Target::new("haproxy", url(hx_alone_port), &[hx_pids[1]]),
+        Target::new("haproxy+spoe", url(hx_port), &[hx_pids[0], controller_pid]),
     ];
     // The doors answer once the first cycle gave the pickers their member, and HAProxy's agent
     // once it has the server's name: warm up until every target answers.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    for (name, url) in &targets {
+    for t in &targets {
         loop {
-            let (w, _) = batch(&client, url, 8, 4).await;
+            let (w, _) = batch(&client, &t.url, 8, 4).await;
             if w.iter().all(Option::is_some) {
                 break;
             }
-            anyhow::ensure!(std::time::Instant::now() < deadline, "{name} ({url}) does not answer");
+            anyhow::ensure!(std::time::Instant::now() < deadline, "{} ({}) does not answer", t.name, t.url);
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -231,12 +237,17 @@ pub fn report(results: &[Measured], args: &BenchArgs, picks: &str) -> String {
         let level: Vec<&Measured> = results.iter().filter(|m| m.concurrency == c).collect();
         let find = |name: &str| level.iter().find(|m| m.name == name).copied();
         s.push_str(&format!(
-            "\nConcurrency {c}:\n\n| target | p50 ms | p99 ms | req/s | errors |\n|---|---|---|---|---|\n"
+            "\nConcurrency {c}:\n\n| target | p50 ms | p99 ms | req/s | CPU us/req | errors |\n|---|---|---|---|---|---|\n"
         ));
         for m in &level {
             s.push_str(&format!(
-                "| {} | {:.3} | {:.3} | {:.0} | {} |\n",
-                m.name, m.p50_ms, m.p99_ms, m.rps, m.errors
+                "| {} | {:.3} | {:.3} | {:.0} | {} | {} |\n",
+                m.name,
+                m.p50_ms,
+                m.p99_ms,
+                m.rps,
+                cpu_cell(m.cpu_us),
+                m.errors
             ));
         }
         for (door, alone) in [("envoy+picker", "envoy"), ("haproxy+spoe", "haproxy")] {
@@ -251,8 +262,12 @@ pub fn report(results: &[Measured], args: &BenchArgs, picks: &str) -> String {
                 } else {
                     String::new()
                 };
+                let cpu = match (d.cpu_us, a.cpu_us) {
+                    (Some(dc), Some(ac)) => format!("; CPU {dc:.0} against {ac:.0} us per request"),
+                    _ => String::new(),
+                };
                 s.push_str(&format!(
-                    "\n{door} against {alone}: added p50 {p50:+.3} ms, p99 {p99:+.3} ms{verdict}\n"
+                    "\n{door} against {alone}: added p50 {p50:+.3} ms, p99 {p99:+.3} ms{verdict}{cpu}\n"
                 ));
             }
         }
@@ -289,8 +304,15 @@ mod tests {
 
     #[test]
     fn the_report_judges_each_door_against_its_balancer_alone_at_16() {
-        let m =
-            |name, p50_ms, p99_ms| Measured { name, concurrency: 16, p50_ms, p99_ms, rps: 100.0, errors: 0 };
+        let m = |name, p50_ms, p99_ms| Measured {
+            name,
+            concurrency: 16,
+            p50_ms,
+            p99_ms,
+            rps: 100.0,
+            errors: 0,
+            cpu_us: None,
+        };
         let args = BenchArgs {
             requests: 10,
             concurrency: vec![16],
