@@ -103,7 +103,7 @@ fn seed_of(name: &str) -> u64 {
 /// The cycle settings of a pool whose pushes go to `sink` (the dry-run sink with `--dry-run`).
 pub fn cycle_settings(p: &PoolConfig, sink: &SinkConfig, reconciles: bool) -> CycleSettings {
     let mut s = CycleSettings::new(p.ratio, p.on_stale, p.reset_after);
-    s.needs_leader = pushes_outside(sink);
+    s.needs_leader = sink.needs_leader();
     s.reconciles = reconciles;
     s.dry_run = matches!(sink, SinkConfig::DryRun);
     s.change = p.change_policy();
@@ -688,7 +688,7 @@ impl PoolRuntime {
                 if failures_before > 0 {
                     tracing::info!(pool = %pool, sink = kind, "sink recovered");
                 }
-                if applied.changed > 0 && !self.sink.kind().eq("dry-run") {
+                if applied.changed > 0 && self.sink.reaches_lb() {
                     telemetry
                         .metrics
                         .pool_counter(PoolCounter::SinkWrites, &pool, &[("sink", kind)])
@@ -801,18 +801,6 @@ pub fn admit(
         })
         .collect();
     (admitted, refused)
-}
-
-/// Whether a sink changes state outside this process (and so must be left to the leader).
-pub fn pushes_outside(sink: &SinkConfig) -> bool {
-    use llm_lc_adapters::envoy::EnvoyMode;
-    use llm_lc_adapters::haproxy::HaproxyMode;
-    match sink {
-        SinkConfig::DryRun => false,
-        SinkConfig::Envoy(e) => e.mode != EnvoyMode::Xds,
-        SinkConfig::Haproxy(h) => h.mode != HaproxyMode::Agent,
-        SinkConfig::F5(_) | SinkConfig::Webhook(_) => true,
-    }
 }
 
 /// A pool's members in member order, each once: the order the snapshot, the policy and the ratios

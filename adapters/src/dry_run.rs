@@ -17,6 +17,10 @@ impl RatioSink for DryRunSink {
         "dry-run"
     }
 
+    fn reaches_lb(&self) -> bool {
+        false
+    }
+
     fn reconciles(&self) -> bool {
         true
     }

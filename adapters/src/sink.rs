@@ -37,6 +37,12 @@ pub trait RatioSink: Send + Sync {
     /// Short name for logs and metrics: `dry-run`, `webhook`, `haproxy`, `f5`, `envoy`.
     fn kind(&self) -> &'static str;
 
+    /// Whether what `apply` changes reaches a load balancer (the dry-run sink only prints): its
+    /// changes are counted as writes on the load balancer.
+    fn reaches_lb(&self) -> bool {
+        true
+    }
+
     /// The members the load balancer itself has in this pool, if it can tell. Used for membership
     /// discovery (`members: {from: lb}`); sinks that have no pool to ask return `Ok(None)`.
     async fn members(&self) -> Result<Option<Vec<MemberId>>, SinkError> {
@@ -99,6 +105,18 @@ impl SinkConfig {
         }
     }
 
+    /// Whether pushing changes state outside the controller's process, so that only the leader
+    /// may push: every sink but the dry run, Envoy's xDS modes (served from the process itself)
+    /// and HAProxy's agent mode (HAProxy asks).
+    pub fn needs_leader(&self) -> bool {
+        match self {
+            SinkConfig::DryRun => false,
+            SinkConfig::Envoy(e) => e.mode != crate::envoy::EnvoyMode::Xds,
+            SinkConfig::Haproxy(h) => h.mode != crate::haproxy::HaproxyMode::Agent,
+            SinkConfig::F5(_) | SinkConfig::Webhook(_) => true,
+        }
+    }
+
     /// Problems visible without talking to the LB, as `(field, message)` pairs relative to the sink.
     pub fn validate(&self) -> Vec<(String, String)> {
         match self {
@@ -126,4 +144,19 @@ pub fn build_sink(cfg: &SinkConfig, pool: &str, ctx: &SinkContext) -> Result<Box
         SinkConfig::F5(c) => Box::new(f5::F5Sink::new(c, pool)?),
         SinkConfig::Envoy(c) => Box::new(envoy::EnvoySink::new(c, pool, ctx.eds.clone())?),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_sinks_that_change_state_outside_the_process_need_the_leader() {
+        assert!(!SinkConfig::DryRun.needs_leader());
+        let agent = crate::haproxy::HaproxyConfig::agent("0.0.0.0:9999", "llm");
+        assert!(!SinkConfig::Haproxy(agent).needs_leader(), "HAProxy asks the agent");
+        let runtime = crate::haproxy::HaproxyConfig::runtime("unix:/run/h.sock", "llm");
+        assert!(SinkConfig::Haproxy(runtime).needs_leader());
+        assert!(!crate::dry_run::DryRunSink::default().reaches_lb());
+    }
 }
