@@ -88,11 +88,8 @@ pub enum BuildError {
 
 /// The pool's priority tiers, with the norms its policy reads loads with.
 fn tiers_of(p: &PoolConfig) -> Option<crate::priority::Tiers> {
-    let cfg = p.priority.as_ref()?;
     // Validated by `Config::validate`; a regex that fails here would have been refused there.
-    let spill = crate::priority::Spill::new(cfg).ok()?;
-    let (queue_norm, running_norm) = p.policy.norms();
-    Some(crate::priority::Tiers { spill, stale_after: p.stale_after, queue_norm, running_norm })
+    crate::priority::Tiers::new(p.priority.as_ref()?, p.stale_after, &p.policy).ok()
 }
 
 /// A stable per-pool seed for the backoff jitter (FNV-1a of the name).

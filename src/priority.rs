@@ -345,6 +345,19 @@ pub struct Tiers {
 }
 
 impl Tiers {
+    /// A pool's tiers as both the controller and the benchmark build them: the spill rule of
+    /// `cfg`, samples older than `stale_after` ignored, loads read with the norms of the pool's
+    /// policy. An error for a tier selector that does not compile.
+    pub fn new(
+        cfg: &PriorityConfig,
+        stale_after: std::time::Duration,
+        policy: &crate::policy::PolicyConfig,
+    ) -> Result<Tiers, String> {
+        let spill = Spill::new(cfg)?;
+        let (queue_norm, running_norm) = policy.norms();
+        Ok(Tiers { spill, stale_after, queue_norm, running_norm })
+    }
+
     /// One cycle on a snapshot: decide the active tiers, and shape the policy's ratios.
     pub fn apply(
         &mut self,

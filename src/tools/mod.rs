@@ -156,13 +156,9 @@ impl BenchControl {
             // What the controller uses for an F5 sink by default (`ChangePolicy::default_for`).
             settings.change = ChangePolicy::for_config_writes(&policy_cfg);
         }
+        let stale_after = Duration::from_secs_f64(spec.stale_after_s.max(0.0));
         let tiers = match priority_config(spec)? {
-            Some(cfg) => {
-                let spill = crate::priority::Spill::new(&cfg)?;
-                let (queue_norm, running_norm) = policy_cfg.norms();
-                let stale_after = Duration::from_secs_f64(spec.stale_after_s.max(0.0));
-                Some(crate::priority::Tiers { spill, stale_after, queue_norm, running_norm })
-            }
+            Some(cfg) => Some(crate::priority::Tiers::new(&cfg, stale_after, &policy_cfg)?),
             None => None,
         };
         Ok(BenchControl {
