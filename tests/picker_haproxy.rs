@@ -24,12 +24,17 @@ async fn haproxy(fleet: &Fleet, agent_port: u16, spoe_dir: &std::path::Path) -> 
 }
 
 fn controller(fleet: &Fleet, hx: &Haproxy, agent_port: u16) -> Running {
+    controller_with(fleet, hx, agent_port, "")
+}
+
+/// `settings`: the picker's, as flow-mapping entries (`saturation_tokens: 50`).
+fn controller_with(fleet: &Fleet, hx: &Haproxy, agent_port: u16, settings: &str) -> Running {
     let members: Vec<String> = fleet.addrs().iter().map(|a| format!("'{a}'")).collect();
     Running::start(
         bin(),
         "1s",
         &format!(
-            "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: [{}] }}\n    sink: {{ kind: haproxy, address: '{}', backend: llm }}\n    picker: {{ spoe: '127.0.0.1:{agent_port}', refresh: 50ms }}\n",
+            "sources:\n  direct: {{ kind: scrape, timeout: 1s }}\npools:\n  - name: llm\n    source: direct\n    members: {{ static: [{}] }}\n    sink: {{ kind: haproxy, address: '{}', backend: llm }}\n    picker: {{ spoe: '127.0.0.1:{agent_port}', refresh: 50ms, settings: {{ {settings} }} }}\n",
             members.join(", "),
             hx.runtime_tcp_address()
         ),
@@ -48,10 +53,25 @@ fn document(n: usize) -> String {
 
 /// POST through HAProxy: status, the server that answered, how long it took.
 async fn send(hx: &Haproxy, body: String) -> (u16, String, Duration) {
+    send_with(hx, body, &[]).await
+}
+
+async fn send_with(hx: &Haproxy, body: String, headers: &[(&str, &str)]) -> (u16, String, Duration) {
     let t0 = Instant::now();
     let resp = sim::client()
         .post(format!("http://127.0.0.1:{}/v1/chat/completions", hx.port("fe")))
         .header("content-type", "application/json")
+        .headers(
+            headers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        reqwest::header::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                        reqwest::header::HeaderValue::from_str(v).expect("value"),
+                    )
+                })
+                .collect(),
+        )
         .body(body)
         .send()
         .await
@@ -167,4 +187,47 @@ async fn the_static_rules_command_prints_a_valid_rule_per_server() {
         .output()
         .expect("run the command");
     assert_eq!(bad.status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sheddable_request_is_refused_with_429_while_every_server_is_saturated() {
+    let fleet = sim::fleet(ModelProfile::tiny(), &[1.0, 1.0, 1.0], |_| {}).await;
+    let agent_port = ports::free_port();
+    let dir = tempfile::tempdir().expect("tmp");
+    let hx = haproxy(&fleet, agent_port, dir.path()).await;
+    // Saturated here means more than 50 prompt tokens waiting per server.
+    let c = controller_with(&fleet, &hx, agent_port, "saturation_tokens: 50");
+    wait::until_or(
+        Duration::from_secs(20),
+        "the agent placing requests",
+        || async {
+            let before = picks(&c).await;
+            let (status, _, _) = send(&hx, ask(&document(98), "warm up", 2)).await;
+            (status == 200 && picks(&c).await > before).then_some(())
+        },
+        || c.log(),
+    )
+    .await;
+    let sheddable = [("x-criticality", "sheddable")];
+    assert_eq!(
+        send_with(&hx, ask(&document(0), "idle", 2), &sheddable).await.0,
+        200,
+        "an idle pool takes it"
+    );
+    let flood = futures::future::join_all((0..40).map(|i| send(&hx, ask(&document(100 + i), "long", 300))));
+    let probe = async {
+        wait::until_or(
+            Duration::from_secs(10),
+            "a sheddable request refused",
+            || async {
+                (send_with(&hx, ask(&document(7), "may I", 2), &sheddable).await.0 == 429).then_some(())
+            },
+            || c.log(),
+        )
+        .await;
+        send(&hx, ask(&document(8), "standard", 2)).await.0
+    };
+    let (done, standard) = tokio::join!(flood, probe);
+    assert_eq!(standard, 200, "only sheddable requests are refused");
+    assert!(done.iter().all(|(status, _, _)| *status == 200), "the long requests all answered");
 }

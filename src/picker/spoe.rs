@@ -4,7 +4,9 @@
 //! - `pool` (string): the controller's pool to pick in (pools may share the agent's address);
 //! - `key` (string, may be empty or absent): a client's session or prefix key;
 //! - `body` (binary): the first bytes of the request body (`req.body`, up to `tune.bufsize`);
-//! - `model` (string, may be empty).
+//! - `model` (string, may be empty);
+//! - `criticality` (string, may be absent): `sheddable` requests get `shed` (true) instead of a
+//!   server while every member is saturated, and the config refuses them with 429.
 //!
 //! The answer sets, in scope `txn`: `srv`, the HAProxy server name of the pick (when the agent
 //! knows the backend's names: read from the pool's HAProxy runtime API), `addr` (`ip:port`) and
@@ -212,7 +214,7 @@ fn answer(m: &Message, ack: Ack, pools: &BTreeMap<String, Arc<SpoePool>>, counte
                 body: bytes_of(m, "body").unwrap_or_default(),
                 key: bytes_of(m, "key"),
                 subset: None,
-                sheddable: false,
+                sheddable: bytes_of(m, "criticality").is_some_and(|c| c.eq_ignore_ascii_case(b"sheddable")),
             };
             let settle = if tracked { Settle::Tracked } else { Settle::Never };
             match pool.picker.pick(ask, settle) {
@@ -239,6 +241,10 @@ fn answer(m: &Message, ack: Ack, pools: &BTreeMap<String, Arc<SpoePool>>, counte
                             NoPick::Shed => "shed",
                         },
                     );
+                    // The config refuses a shed request (`http-request deny` on this variable).
+                    if why == NoPick::Shed {
+                        return ack.set_var(VarScope::Transaction, "shed", TypedData::Bool(true));
+                    }
                     ack
                 }
             }
