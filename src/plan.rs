@@ -284,6 +284,43 @@ fn pool(cfg: &Config, p: &PoolConfig) -> Value {
     }
     put(&mut m, "push_timeout", p.push_timeout.map(dur).unwrap_or_else(|| "three intervals".into()));
     put(&mut m, "sink", sink(&p.sink));
+    if let Some(pc) = &p.picker {
+        put(&mut m, "picker", picker(pc, cfg, &p.source));
+    }
+    Value::Mapping(m)
+}
+
+/// The pool's endpoint picker: its doors, how it reads the engines, its settings in force.
+fn picker(pc: &crate::picker::PickerConfig, cfg: &Config, source: &str) -> Value {
+    let mut m = Mapping::new();
+    let door = |a: Option<std::net::SocketAddr>| a.map(|a| a.to_string());
+    put_opt(&mut m, "ext_proc", door(pc.ext_proc));
+    put_opt(&mut m, "health", door(pc.health));
+    put_opt(&mut m, "spoe", door(pc.spoe));
+    put_opt(&mut m, "http", door(pc.http));
+    if let Some(t) = &pc.tls {
+        put(&mut m, "tls", format!("{} with {}", t.cert_file.display(), t.key_file.display()));
+    }
+    let page = match cfg.sources.get(source) {
+        Some(SourceConfig::Scrape(s)) => format!("{}://MEMBER{}", s.scheme, s.path),
+        _ => "http://MEMBER/metrics".to_string(),
+    };
+    put(&mut m, "reads", format!("{page} every {}", dur(pc.refresh)));
+    put(&mut m, "max_open", dur(pc.max_open));
+    put(&mut m, "fallbacks", pc.fallbacks as u64);
+    if let Ok(st) = pc.settings() {
+        let mut sm = Mapping::new();
+        put(&mut sm, "affinity", st.affinity);
+        put(&mut sm, "saturation_tokens", st.saturation_tokens);
+        put(&mut sm, "overload", st.overload);
+        put(&mut sm, "home_slack_tokens", st.home_slack_tokens);
+        put(&mut sm, "home_prompt", st.home_prompt);
+        put(&mut sm, "request_tokens", st.request_tokens);
+        put(&mut sm, "kv_tokens", st.kv_tokens);
+        put(&mut sm, "max_blocks", st.max_blocks as u64);
+        put(&mut sm, "capacity", st.capacity);
+        put(&mut m, "settings", sm);
+    }
     Value::Mapping(m)
 }
 

@@ -167,3 +167,22 @@ fn plain_check_names_each_unreachable_thing_and_offline_reaches_nothing() {
     let text = String::from_utf8_lossy(&off.stdout);
     assert!(off.status.success() && !text.contains("# reach:"), "--offline reaches nothing: {text}");
 }
+
+/// A pool's endpoint picker is in the plan: its doors, what it reads and how often, and every
+/// setting in force (the ones the file leaves out at their defaults).
+#[test]
+fn the_plan_shows_the_pickers_doors_reads_and_settings() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/haproxy-spoe.yaml");
+    let off = check_elsewhere(&path);
+    let out = String::from_utf8_lossy(&off.stdout);
+    assert!(off.status.success(), "{}", String::from_utf8_lossy(&off.stderr));
+    for line in [
+        "  picker:",
+        "    spoe: 0.0.0.0:9005",
+        "    reads: http://MEMBER/metrics every 100ms",
+        "      affinity: 0.8",
+        "      saturation_tokens: 20000.0",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line:?} missing from\n{out}");
+    }
+}
