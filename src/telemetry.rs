@@ -82,6 +82,8 @@ pub struct Metrics {
     pub picker_picks: FCounter,
     /// `llmlc_picker_served` (pool, as_picked): the data plane's reports of the endpoint it used.
     pub picker_served: FCounter,
+    /// `llmlc_picker_in_flight` (pool, member): requests the picker has open on the member.
+    pub picker_in_flight: FGauge,
     /// Config file reloads by result (`applied`, `rejected`).
     pub config_reloads: FCounter,
     /// 1 when the last config file change was applied (or none happened), 0 when it was rejected.
@@ -197,6 +199,11 @@ impl Metrics {
             "llmlc_sink_writes",
             "Member ratios written on the load balancer by pool and sink (a configuration change on BIG-IP)",
         );
+        let picker_in_flight = g(
+            &mut r,
+            "llmlc_picker_in_flight",
+            "Requests the endpoint picker placed on the member and has not seen end (doors that report ends), by pool and member",
+        );
         let picker_served = c(
             &mut r,
             "llmlc_picker_served",
@@ -271,6 +278,7 @@ impl Metrics {
             leader,
             picker_picks,
             picker_served,
+            picker_in_flight,
             config_reloads,
             config_last_reload_successful,
             noted: Mutex::default(),

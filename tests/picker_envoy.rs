@@ -174,6 +174,13 @@ async fn a_prompt_stays_home_spreads_when_home_saturates_and_a_client_header_ste
     })
     .await;
     assert_eq!(picker_metric(&s.controller, "as_picked=\"false\"").await, 0.0);
+    // Every request ended: the picker shows nothing in flight on any of the three servers.
+    wait::until(Duration::from_secs(5), "nothing in flight", || async {
+        let page = s.controller.metrics().await;
+        let series: Vec<&str> = page.lines().filter(|l| l.starts_with("llmlc_picker_in_flight{")).collect();
+        (series.len() == 3 && series.iter().all(|l| l.ends_with(" 0.0") || l.ends_with(" 0"))).then_some(())
+    })
+    .await;
     assert!(picker_metric(&s.controller, "outcome=\"picked\"").await >= 44.0);
 }
 

@@ -227,7 +227,21 @@ async fn a_sheddable_request_is_refused_with_429_while_every_server_is_saturated
         .await;
         send(&hx, ask(&document(8), "standard", 2)).await.0
     };
-    let (done, standard) = tokio::join!(flood, probe);
+    // While the flood runs, the picker shows requests in flight (its SPOE picks are tracked once
+    // HAProxy has reported a `done`).
+    let in_flight = async {
+        wait::until(Duration::from_secs(10), "requests in flight shown", || async {
+            let page = c.metrics().await;
+            let total: f64 = page
+                .lines()
+                .filter(|l| l.starts_with("llmlc_picker_in_flight{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum();
+            (total > 0.0).then_some(())
+        })
+        .await
+    };
+    let (done, standard, ()) = tokio::join!(flood, probe, in_flight);
     assert_eq!(standard, 200, "only sheddable requests are refused");
     assert!(done.iter().all(|(status, _, _)| *status == 200), "the long requests all answered");
 }

@@ -136,7 +136,14 @@ pub async fn serve(
         let pool = Arc::new(PoolPicker::new(&p.name, settings, pc.fallbacks, pc.max_open));
         served.pools.insert(p.name.clone(), pool.clone());
         let access = page_access(cfg, &p.source)?;
-        served.tasks.push(tokio::spawn(refresh::run(pool.clone(), access, pc.refresh, stop.clone())));
+        let in_flight = telemetry.metrics.picker_in_flight.clone();
+        served.tasks.push(tokio::spawn(refresh::run(
+            pool.clone(),
+            access,
+            pc.refresh,
+            in_flight,
+            stop.clone(),
+        )));
         if let Some(addr) = pc.ext_proc {
             let listener = bind(addr, &p.name, "ext_proc").await?;
             served.bound.insert((p.name.clone(), "ext_proc"), local(&listener, addr));

@@ -14,6 +14,13 @@ use llm_lc_balance::endpoint::Gauges;
 use tokio_util::sync::CancellationToken;
 
 use super::pool::PoolPicker;
+use crate::telemetry::labels;
+
+/// `llmlc_picker_in_flight{pool, member}`.
+pub type InFlightGauge = prometheus_client::metrics::family::Family<
+    crate::telemetry::Labels,
+    prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
+>;
 
 /// The least time a read is given, whatever the refresh period: a busy CPU engine serves its page
 /// in hundreds of milliseconds, and the next read waits for it.
@@ -49,11 +56,19 @@ async fn read(access: &PageAccess, member: &str, token: Option<&str>, bound: Dur
     tokio::time::timeout(bound, fetch).await.ok().flatten()
 }
 
-/// Read `pool`'s members every `every` until `stop`, and release its forgotten picks.
-pub async fn run(pool: Arc<PoolPicker>, access: PageAccess, every: Duration, stop: CancellationToken) {
+/// Read `pool`'s members every `every` until `stop`, release its forgotten picks, and show its
+/// requests in flight per member in `in_flight` (a member that leaves loses its series).
+pub async fn run(
+    pool: Arc<PoolPicker>,
+    access: PageAccess,
+    every: Duration,
+    in_flight: InFlightGauge,
+    stop: CancellationToken,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing: std::collections::HashSet<String> = Default::default();
+    let mut shown: Vec<String> = Vec::new();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -75,6 +90,14 @@ pub async fn run(pool: Arc<PoolPicker>, access: PageAccess, every: Duration, sto
         let released = pool.sweep(Instant::now());
         if released > 0 {
             tracing::warn!(pool = %pool.name, released, "released picks whose end was never reported (max_open)");
+        }
+        let now: Vec<(String, u32)> = pool.in_flight();
+        for gone in shown.iter().filter(|m| !now.iter().any(|(n, _)| n == *m)) {
+            in_flight.remove(&labels(&[("pool", &pool.name), ("member", gone)]));
+        }
+        shown = now.iter().map(|(m, _)| m.clone()).collect();
+        for (m, n) in &now {
+            in_flight.get_or_create(&labels(&[("pool", &pool.name), ("member", m)])).set(f64::from(*n));
         }
     }
 }
