@@ -131,9 +131,8 @@ struct Exchange {
     duplex: bool,
     /// The same for the response body.
     response_duplex: bool,
-    /// The pick's id, once picked: settled when the exchange ends.
+    /// The pick's id, once picked (the request is then answered): settled when the exchange ends.
     picked: Option<u64>,
-    answered: bool,
 }
 
 /// What follows the answer to the request headers.
@@ -169,16 +168,14 @@ impl Exchange {
             duplex: true,
             response_duplex: true,
             picked: None,
-            answered: false,
         }
     }
 
-    /// Queue an answer; `true` (the exchange goes on).
-    fn send(&mut self, response: processing_response::Response, metadata: Option<Struct>) -> bool {
+    /// Queue an answer (sent in order as the stream is polled).
+    fn send(&mut self, response: processing_response::Response, metadata: Option<Struct>) {
         let msg =
             ProcessingResponse { response: Some(response), dynamic_metadata: metadata, ..Default::default() };
         self.out.push_back(msg);
-        true
     }
 
     /// One message from Envoy; `false` ends the exchange.
@@ -197,13 +194,15 @@ impl Exchange {
                 if h.end_of_stream {
                     return self.pick_and_answer(Then::NoBody);
                 }
-                if self.duplex {
-                    // Held: the answer goes once the body has ended.
-                    true
-                } else {
-                    // The body will come as one message and its answer carries the pick.
-                    self.send(processing_response::Response::RequestHeaders(HeadersResponse::default()), None)
+                // Full duplex: held, the answer goes once the body has ended. Buffered: the body
+                // comes as one message and its answer carries the pick.
+                if !self.duplex {
+                    self.send(
+                        processing_response::Response::RequestHeaders(HeadersResponse::default()),
+                        None,
+                    );
                 }
+                true
             }
             Some(In::RequestBody(b)) => {
                 if self.body.len() + b.body.len() > MAX_BODY {
@@ -213,20 +212,18 @@ impl Exchange {
                     );
                 }
                 self.body.extend_from_slice(&b.body);
-                if !self.duplex {
-                    return self.pick_and_answer(Then::BodyEnds);
-                }
-                if b.end_of_stream {
+                if !self.duplex || b.end_of_stream {
                     return self.pick_and_answer(Then::BodyEnds);
                 }
                 true
             }
             Some(In::RequestTrailers(_)) => {
                 // A body that ended with trailers: pick now, send the body on, then the trailers.
-                if !self.answered && !self.pick_and_answer(Then::TrailersFollow) {
+                if self.picked.is_none() && !self.pick_and_answer(Then::TrailersFollow) {
                     return false;
                 }
-                self.send(processing_response::Response::RequestTrailers(TrailersResponse::default()), None)
+                self.send(processing_response::Response::RequestTrailers(TrailersResponse::default()), None);
+                true
             }
             Some(In::ResponseHeaders(_)) => {
                 if let Some(id) = self.picked {
@@ -237,25 +234,25 @@ impl Exchange {
                     }
                     self.pool.first_token(id);
                 }
-                self.send(processing_response::Response::ResponseHeaders(HeadersResponse::default()), None)
+                self.send(processing_response::Response::ResponseHeaders(HeadersResponse::default()), None);
+                true
             }
             Some(In::ResponseBody(b)) => {
                 // Full duplex: what we send is what the client gets; echo each chunk at once.
                 let end = b.end_of_stream;
-                let ok = if self.response_duplex {
-                    self.stream_back(b.body, end, false)
+                if self.response_duplex {
+                    self.stream_back(b.body, end, false);
                 } else {
-                    self.send(processing_response::Response::ResponseBody(BodyResponse::default()), None)
-                };
-                if end {
-                    if let Some(id) = self.picked {
-                        self.pool.finished(id);
-                    }
+                    self.send(processing_response::Response::ResponseBody(BodyResponse::default()), None);
                 }
-                ok
+                if let Some(id) = self.picked.filter(|_| end) {
+                    self.pool.finished(id);
+                }
+                true
             }
             Some(In::ResponseTrailers(_)) => {
-                self.send(processing_response::Response::ResponseTrailers(TrailersResponse::default()), None)
+                self.send(processing_response::Response::ResponseTrailers(TrailersResponse::default()), None);
+                true
             }
             None => true,
         }
@@ -269,6 +266,7 @@ impl Exchange {
             key: self.key.as_deref(),
             subset: self.subset.as_deref(),
             sheddable: self.sheddable,
+            with_fallbacks: true,
         };
         let pick = match self.pool.pick(ask, Settle::Tracked) {
             Ok(p) => p,
@@ -291,7 +289,6 @@ impl Exchange {
         };
         self.counter.count(&self.pool.name, "ext_proc", "picked");
         self.picked = Some(pick.id);
-        self.answered = true;
         let value = pick.endpoints.join(",");
         let common = CommonResponse {
             clear_route_cache: true,
@@ -311,31 +308,31 @@ impl Exchange {
         let metadata = lb_metadata(&value);
         if !self.duplex {
             let answer = processing_response::Response::RequestBody(BodyResponse { response: Some(common) });
-            return self.send(answer, Some(metadata));
+            self.send(answer, Some(metadata));
+            return true;
         }
         let answer =
             processing_response::Response::RequestHeaders(HeadersResponse { response: Some(common) });
-        if !self.send(answer, Some(metadata)) {
-            return false;
-        }
+        self.send(answer, Some(metadata));
         let body = std::mem::take(&mut self.body);
         match then {
-            Then::NoBody => true,
+            Then::NoBody => {}
             Then::BodyEnds => self.stream_back(body, true, true),
-            Then::TrailersFollow => body.is_empty() || self.stream_back(body, false, true),
+            Then::TrailersFollow if body.is_empty() => {}
+            Then::TrailersFollow => self.stream_back(body, false, true),
         }
+        true
     }
 
-    /// Send `body` back in chunks, the last marked `end` when `end`.
-    fn stream_back(&mut self, body: Vec<u8>, end: bool, request: bool) -> bool {
-        let chunks: Vec<&[u8]> = if body.is_empty() { vec![&[][..]] } else { body.chunks(CHUNK).collect() };
+    /// Send `body` back in chunks of at most [`CHUNK`] bytes (one empty chunk for an empty body),
+    /// the last marked `end` when `end`; a body of one chunk is moved, not copied.
+    fn stream_back(&mut self, body: Vec<u8>, end: bool, request: bool) {
+        let chunks: Vec<Vec<u8>> =
+            if body.len() <= CHUNK { vec![body] } else { body.chunks(CHUNK).map(<[u8]>::to_vec).collect() };
         let last = chunks.len() - 1;
         for (i, chunk) in chunks.into_iter().enumerate() {
-            let streamed = StreamedBodyResponse {
-                body: chunk.to_vec(),
-                end_of_stream: end && i == last,
-                ..Default::default()
-            };
+            let streamed =
+                StreamedBodyResponse { body: chunk, end_of_stream: end && i == last, ..Default::default() };
             let common = CommonResponse {
                 body_mutation: Some(BodyMutation {
                     mutation: Some(body_mutation::Mutation::StreamedResponse(streamed)),
@@ -348,13 +345,11 @@ impl Exchange {
             } else {
                 processing_response::Response::ResponseBody(answer)
             };
-            if !self.send(msg, None) {
-                return false;
-            }
+            self.send(msg, None);
         }
-        true
     }
 
+    /// Answer Envoy itself with `code` and a JSON error; the exchange ends (`false`).
     fn immediate(&mut self, code: StatusCode, message: &str) -> bool {
         let body = serde_json::to_vec(&serde_json::json!({"error": message})).unwrap_or_default();
         let answer = ImmediateResponse {

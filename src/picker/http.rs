@@ -71,6 +71,7 @@ async fn pick(
         key: headers.get("x-llm-prefix-key").map(|v| v.as_bytes()),
         subset: subset.as_deref(),
         sheddable: false,
+        with_fallbacks: false,
     };
     match p.pick(ask, Settle::Never) {
         Ok(pick) => {

@@ -26,8 +26,13 @@ pub const INDEX_BLOCKS: usize = 1 << 16;
 /// How a door learns what became of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settle {
-    /// The door reports first token and end ([`PoolPicker::first_token`], [`PoolPicker::finished`]).
+    /// The door reports first token and end ([`PoolPicker::first_token`], [`PoolPicker::finished`]);
+    /// a pick still open after `max_open` is released.
     Tracked,
+    /// The door reports the end only when the request gets that far (HAProxy's `done` comes with
+    /// the response headers, and nothing when the client hangs up before): released after this
+    /// long at most, when its load shows in the engine's own gauges anyway.
+    TrackedFor(Duration),
     /// The door never hears: the request loads its member until the member's next reading.
     Never,
 }
@@ -41,6 +46,8 @@ pub struct Ask<'a> {
     pub subset: Option<&'a [String]>,
     /// The request may be refused when the whole pool is saturated (criticality `sheddable`).
     pub sheddable: bool,
+    /// List fallbacks after the pick (the door passes them on; each costs another pick).
+    pub with_fallbacks: bool,
 }
 
 /// The answer: the request's id (for settling) and the endpoints, the pick first.
@@ -64,6 +71,8 @@ pub enum NoPick {
 pub struct PoolPicker {
     pub name: String,
     fallbacks: usize,
+    /// Blocks of a prompt hashed (the picker's setting, fixed at construction).
+    max_blocks: usize,
     max_open: Duration,
     next_id: AtomicU64,
     state: Mutex<State>,
@@ -74,7 +83,7 @@ struct State {
     /// Each member's address, when it is one (a subset hint is matched by address).
     addrs: Vec<Option<SocketAddr>>,
     picker: RequestPicker,
-    /// Open picks of tracked doors: id -> (member, when opened).
+    /// Open picks of tracked doors: id -> (member, when it is released if nobody settles it).
     open: HashMap<u64, (usize, Instant)>,
 }
 
@@ -83,6 +92,7 @@ impl PoolPicker {
         PoolPicker {
             name: name.to_string(),
             fallbacks,
+            max_blocks: settings.max_blocks,
             max_open,
             next_id: AtomicU64::new(1),
             state: Mutex::new(State {
@@ -130,9 +140,8 @@ impl PoolPicker {
 
     /// Choose for `ask`. With [`Settle::Tracked`] the request is open until settled.
     pub fn pick(&self, ask: Ask<'_>, settle: Settle) -> Result<Pick, NoPick> {
-        let settings = *self.lock().picker.settings();
         // Hashing a prompt is the costly part of a pick: outside the lock.
-        let prompt = body_blocks(ask.body, settings.max_blocks).unwrap_or_default();
+        let prompt = body_blocks(ask.body, self.max_blocks).unwrap_or_default();
         let key = ask.key.filter(|k| !k.is_empty()).map(fnv1a64);
         let request =
             Request { blocks: &prompt.blocks, tokens: prompt.tokens, block_tokens: BLOCK_TOKENS, key };
@@ -153,7 +162,8 @@ impl PoolPicker {
         }
         let mut order = vec![first.member];
         // Fallbacks: what the picker would choose were the ones before them gone.
-        while order.len() <= self.fallbacks {
+        let fallbacks = if ask.with_fallbacks { self.fallbacks } else { 0 };
+        while order.len() <= fallbacks {
             let next = st.picker.pick(request, |i| allowed[i] && !order.contains(&i));
             match next {
                 Some(c) if !order.contains(&c.member) && allowed[c.member] => order.push(c.member),
@@ -162,12 +172,17 @@ impl PoolPicker {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         st.picker.remember(first, request);
-        match settle {
-            Settle::Tracked => {
+        let lease = match settle {
+            Settle::Tracked => Some(self.max_open),
+            Settle::TrackedFor(d) => Some(d.min(self.max_open)),
+            Settle::Never => None,
+        };
+        match lease {
+            Some(lease) => {
                 st.picker.open(id, first);
-                st.open.insert(id, (first.member, Instant::now()));
+                st.open.insert(id, (first.member, Instant::now() + lease));
             }
-            Settle::Never => st.picker.sent_unsettled(first),
+            None => st.picker.sent_unsettled(first),
         }
         Ok(Pick { id, endpoints: order.iter().map(|&i| st.members[i].clone()).collect() })
     }
@@ -177,12 +192,12 @@ impl PoolPicker {
     /// (`None` for a request or endpoint the picker does not know).
     pub fn served(&self, id: u64, endpoint: &str) -> Option<bool> {
         let mut st = self.lock();
-        let &(member, since) = st.open.get(&id)?;
+        let &(member, until) = st.open.get(&id)?;
         let at = st.members.iter().position(|m| m == endpoint)?;
         if at != member {
             st.picker.finished(id);
             st.picker.open(id, Choice { member: at, matched: 0, uncached: 0 });
-            st.open.insert(id, (at, since));
+            st.open.insert(id, (at, until));
         }
         Some(at == member)
     }
@@ -200,15 +215,11 @@ impl PoolPicker {
         }
     }
 
-    /// Release picks open longer than `max_open` (a door that lost the request's end).
+    /// Release picks open past their lease (a door that lost the request's end).
     pub fn sweep(&self, now: Instant) -> usize {
         let mut st = self.lock();
-        let old: Vec<u64> = st
-            .open
-            .iter()
-            .filter(|(_, (_, since))| now.saturating_duration_since(*since) > self.max_open)
-            .map(|(id, _)| *id)
-            .collect();
+        let old: Vec<u64> =
+            st.open.iter().filter(|(_, (_, until))| now > *until).map(|(id, _)| *id).collect();
         for id in &old {
             st.open.remove(id);
             st.picker.finished(*id);
@@ -259,8 +270,9 @@ mod tests {
     fn a_prefix_stays_on_its_member_and_fallbacks_follow_in_order() {
         let p = pool(&["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]);
         let doc = "a shared document. ".repeat(100);
-        let first =
-            p.pick(Ask { body: &body(&doc, "q1"), ..Ask::default() }, Settle::Tracked).expect("a pick");
+        let first = p
+            .pick(Ask { body: &body(&doc, "q1"), with_fallbacks: true, ..Ask::default() }, Settle::Tracked)
+            .expect("a pick");
         assert_eq!(first.endpoints.len(), 3);
         let unique: std::collections::HashSet<_> = first.endpoints.iter().collect();
         assert_eq!(unique.len(), 3, "fallbacks are the other members, once each");
@@ -284,7 +296,9 @@ mod tests {
             assert_eq!(got.endpoints, vec!["10.0.0.2:8000".to_string()]);
         }
         let v6 = vec!["2001:db8::3".to_string(), "10.0.0.1:8000".to_string()];
-        let got = p.pick(Ask { subset: Some(&v6), ..Ask::default() }, Settle::Never).expect("a pick");
+        let got = p
+            .pick(Ask { subset: Some(&v6), with_fallbacks: true, ..Ask::default() }, Settle::Never)
+            .expect("a pick");
         assert_eq!(got.endpoints.len(), 2);
         assert!(got.endpoints.iter().all(|e| e != "10.0.0.2:8000"));
         let outside = vec!["10.9.9.9:8000".to_string()];
@@ -320,7 +334,7 @@ mod tests {
     #[test]
     fn a_fallback_served_moves_the_load_and_forgotten_picks_are_swept() {
         let p = pool(&["10.0.0.1:8000", "10.0.0.2:8000"]);
-        let got = p.pick(Ask::default(), Settle::Tracked).expect("a pick");
+        let got = p.pick(Ask { with_fallbacks: true, ..Ask::default() }, Settle::Tracked).expect("a pick");
         let other = got.endpoints[1].clone();
         p.served(got.id, &other);
         let counts: HashMap<String, u32> = p.in_flight().into_iter().collect();
@@ -328,6 +342,31 @@ mod tests {
         assert_eq!(p.sweep(Instant::now()), 0);
         assert_eq!(p.sweep(Instant::now() + Duration::from_secs(61)), 1);
         assert_eq!(p.in_flight().iter().map(|(_, n)| n).sum::<u32>(), 0);
+    }
+
+    #[test]
+    fn a_pick_whose_end_may_never_come_is_released_after_its_shorter_lease() {
+        let p = pool(&["10.0.0.1:8000", "10.0.0.2:8000"]);
+        let t0 = Instant::now();
+        let short = p.pick(Ask::default(), Settle::TrackedFor(Duration::from_secs(5))).expect("a pick");
+        let long = p.pick(Ask::default(), Settle::Tracked).expect("a pick");
+        assert_eq!(p.sweep(t0 + Duration::from_secs(4)), 0);
+        assert_eq!(p.sweep(t0 + Duration::from_secs(6)), 1, "the short lease ends first");
+        p.finished(short.id);
+        assert_eq!(p.in_flight().iter().map(|(_, n)| n).sum::<u32>(), 1, "the long one still counts");
+        // A lease longer than max_open (60 s here) is cut to it.
+        let capped = p.pick(Ask::default(), Settle::TrackedFor(Duration::from_secs(3600))).expect("a pick");
+        assert_eq!(p.sweep(t0 + Duration::from_secs(62)), 2);
+        p.finished(long.id);
+        p.finished(capped.id);
+    }
+
+    #[test]
+    fn fallbacks_are_listed_only_when_asked() {
+        let p = pool(&["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]);
+        assert_eq!(p.pick(Ask::default(), Settle::Never).expect("a pick").endpoints.len(), 1);
+        let with = Ask { with_fallbacks: true, ..Ask::default() };
+        assert_eq!(p.pick(with, Settle::Never).expect("a pick").endpoints.len(), 3);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use llm_lc_adapters::SecretRef;
-use llm_lc_balance::endpoint::page::{gauges_of, MAX_PAGE_BYTES};
+use llm_lc_balance::endpoint::page::{append_within, gauges_of};
 use llm_lc_balance::endpoint::Gauges;
 use tokio_util::sync::CancellationToken;
 
@@ -46,10 +46,9 @@ async fn read(access: &PageAccess, member: &str, token: Option<&str>, bound: Dur
         let mut page = Vec::new();
         // Read in chunks so that a page larger than any engine's is dropped, not held.
         while let Some(chunk) = resp.chunk().await.ok()? {
-            if page.len() + chunk.len() > MAX_PAGE_BYTES {
+            if !append_within(&mut page, &chunk) {
                 return None;
             }
-            page.extend_from_slice(&chunk);
         }
         gauges_of(&page)
     };

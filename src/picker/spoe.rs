@@ -12,7 +12,8 @@
 //! knows the backend's names: read from the pool's HAProxy runtime API), `addr` (`ip:port`) and
 //! `id` (the pick, for `done`). The config then reads `var(txn.<var-prefix>.srv)` in `use-server`.
 //! The optional message `done` (argument `id`, sent `on-http-response`) marks the answer's
-//! start; once a pool has seen one, its picks are counted in flight until their `done`, else
+//! start; once a pool has seen one, its picks are counted in flight until their `done` (a minute
+//! at most: a client that hangs up before the answer starts never gets one), else
 //! each pick loads its member until the member's next reading. An unknown pool, a missing body
 //! or an agent that does not answer within `timeout processing` leaves the variables unset, and
 //! HAProxy balances by itself with the pushed weights.
@@ -34,6 +35,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::pool::{Ask, NoPick, PoolPicker, Settle};
 use super::PickCounter;
+
+/// How long a pick waits for its `done`: HAProxy sends it with the response headers, and nothing
+/// for a request whose client hung up before them; past this the pick is released (its load by then
+/// shows in the engine's own gauges).
+const DONE_WITHIN: Duration = Duration::from_secs(60);
 
 /// How often a pool's HAProxy server names are read again.
 const NAMES_EVERY: Duration = Duration::from_secs(5);
@@ -215,8 +221,9 @@ fn answer(m: &Message, ack: Ack, pools: &BTreeMap<String, Arc<SpoePool>>, counte
                 key: bytes_of(m, "key"),
                 subset: None,
                 sheddable: bytes_of(m, "criticality").is_some_and(|c| c.eq_ignore_ascii_case(b"sheddable")),
+                with_fallbacks: false,
             };
-            let settle = if tracked { Settle::Tracked } else { Settle::Never };
+            let settle = if tracked { Settle::TrackedFor(DONE_WITHIN) } else { Settle::Never };
             match pool.picker.pick(ask, settle) {
                 Ok(pick) => {
                     counter.count(&pool.picker.name, "spoe", "picked");

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use llm_lc_balance::endpoint::page::{gauges_of, MAX_PAGE_BYTES};
+use llm_lc_balance::endpoint::page::{append_within, gauges_of, MAX_PAGE_BYTES};
 use llm_lc_balance::endpoint::Gauges;
 use tokio_util::sync::CancellationToken;
 
@@ -21,12 +21,18 @@ pub const READ_AT_LEAST: Duration = Duration::from_millis(500);
 
 async fn read_member(client: &reqwest::Client, base: &str, timeout: Duration) -> Option<Gauges> {
     let fetch = async {
-        let resp = client.get(format!("{base}/metrics")).send().await.ok()?.error_for_status().ok()?;
+        let mut resp = client.get(format!("{base}/metrics")).send().await.ok()?.error_for_status().ok()?;
         if resp.content_length().is_some_and(|n| n > MAX_PAGE_BYTES as u64) {
             return None;
         }
-        let body = resp.bytes().await.ok()?;
-        gauges_of(&body)
+        // In chunks: a page without a length that never ends is dropped at the bound, not held.
+        let mut page = Vec::new();
+        while let Some(chunk) = resp.chunk().await.ok()? {
+            if !append_within(&mut page, &chunk) {
+                return None;
+            }
+        }
+        gauges_of(&page)
     };
     tokio::time::timeout(timeout, fetch).await.ok().flatten()
 }

@@ -17,6 +17,17 @@ const KV_USAGE: &[&str] =
 /// A metrics page larger than this is not a model server's.
 pub const MAX_PAGE_BYTES: usize = exposition::DEFAULT_MAX_BYTES;
 
+/// Add `chunk` of a page being read to `page`; `false` once the page would pass
+/// [`MAX_PAGE_BYTES`] (stop reading: no engine's page is that large, and a hostile or broken one
+/// must not be held whole).
+pub fn append_within(page: &mut Vec<u8>, chunk: &[u8]) -> bool {
+    if page.len() + chunk.len() > MAX_PAGE_BYTES {
+        return false;
+    }
+    page.extend_from_slice(chunk);
+    true
+}
+
 fn wanted() -> Wanted {
     Wanted::new(WAITING.iter().chain(RUNNING).chain(KV_USAGE))
 }
@@ -39,6 +50,15 @@ pub fn gauges_of(page: &[u8]) -> Option<Gauges> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_page_past_the_bound_stops_being_read() {
+        let mut page = Vec::new();
+        assert!(append_within(&mut page, &vec![b'#'; MAX_PAGE_BYTES - 1]));
+        assert!(append_within(&mut page, b"\n"));
+        assert!(!append_within(&mut page, b"x"), "one byte more is refused");
+        assert_eq!(page.len(), MAX_PAGE_BYTES);
+    }
 
     #[test]
     fn vllm_and_llamacpp_pages_give_their_gauges_and_others_none() {
