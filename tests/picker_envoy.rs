@@ -359,3 +359,43 @@ async fn the_picker_serves_envoy_over_tls_from_pem_files() {
     }
     assert!(picker_metric(&s.controller, "outcome=\"picked\"").await >= 5.0, "the picker placed them");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_mid_answer_leaves_nothing_in_flight() {
+    // Slow decoding: 1,500 tokens take 15 s, so only the hang-up can end the request soon.
+    let mut profile = ModelProfile::tiny();
+    profile.step_overhead_s = 0.01;
+    let s = Setup::start_with(profile, "").await;
+    let envoy = s.envoy(s.epp_port, &[]).await;
+    let port = envoy.listener_port("inference").await.expect("listener bound");
+    let in_flight = || async {
+        s.controller
+            .metrics()
+            .await
+            .lines()
+            .filter(|l| l.starts_with("llmlc_picker_in_flight{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let body = json!({"model": "sim-tiny", "max_tokens": 1500, "stream": true, "messages": [
+        {"role": "user", "content": document(0)}]});
+    let mut resp = sim::client()
+        .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("Envoy answers");
+    assert_eq!(resp.status().as_u16(), 200);
+    resp.chunk().await.expect("the first chunk").expect("a chunk");
+    wait::until(Duration::from_secs(5), "the request shown in flight", || async {
+        (in_flight().await == 1.0).then_some(())
+    })
+    .await;
+    drop(resp);
+    let hung_up = std::time::Instant::now();
+    wait::until(Duration::from_secs(5), "the hang-up released", || async {
+        (in_flight().await == 0.0).then_some(())
+    })
+    .await;
+    assert!(hung_up.elapsed() < Duration::from_secs(5), "released by the hang-up, not by the answer's end");
+}
